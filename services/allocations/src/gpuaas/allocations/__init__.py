@@ -1,0 +1,1 @@
+"""gpuaas-allocations."""
