@@ -1,1 +1,1 @@
-"""gpuaas-allocations."""
+"""gpuaas.allocations: GPU hosts, placement and the allocation lifecycle."""

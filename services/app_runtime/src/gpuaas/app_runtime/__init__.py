@@ -1,1 +1,1 @@
-"""gpuaas-app-runtime."""
+"""gpuaas.app_runtime: App instances, members, member operations and the controller API."""

@@ -1,1 +1,1 @@
-"""gpuaas-billing."""
+"""gpuaas.billing: Price book, rating, the ledger, cost views and budgets."""

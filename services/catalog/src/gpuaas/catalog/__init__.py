@@ -1,1 +1,1 @@
-"""gpuaas-catalog."""
+"""gpuaas.catalog: App manifests, artifact trust and promotion, entitlements."""

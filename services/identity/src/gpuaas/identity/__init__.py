@@ -1,1 +1,1 @@
-"""gpuaas-identity."""
+"""gpuaas.identity: Tenants, projects, users, memberships, service accounts, tokens and the audit store."""

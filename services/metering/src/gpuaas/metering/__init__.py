@@ -1,1 +1,1 @@
-"""gpuaas-metering."""
+"""gpuaas.metering: Meters and usage records from lifecycle events; the app usage producer API."""

@@ -1,0 +1,231 @@
+"""`create_app(settings, spec)`: one FastAPI app per service with everything the kit provides wired in.
+
+The lifespan owns the runtime (engine, producer, relay, consumer, JWKS cache); nothing is built at
+import time, so tests create apps with their own settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import MetaData, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from gpuaas.kit import admin, iam
+from gpuaas.kit.auth import JWKSCache, TokenVerifier
+from gpuaas.kit.consumer import EventConsumer, count_parked
+from gpuaas.kit.db import create_engine, session_factory, to_plain_url
+from gpuaas.kit.errors import install_error_handlers
+from gpuaas.kit.http import BodyLimitMiddleware, CorrelationMiddleware
+from gpuaas.kit.idempotency import IdempotencyMiddleware
+from gpuaas.kit.kafka import ensure_topics, make_producer
+from gpuaas.kit.logging import configure_logging, get_logger
+from gpuaas.kit.metrics import ServiceMetrics
+from gpuaas.kit.relay import OutboxRelay
+from gpuaas.kit.settings import ServiceSettings
+from gpuaas.kit.subscriptions import Subscriptions
+
+log = get_logger(__name__)
+Hook = Callable[["KitRuntime"], Awaitable[None]]
+
+
+@dataclass
+class ServiceSpec:
+    """What a service adds to the kit: routers, event handlers, migrations, startup hooks, loops."""
+
+    name: str
+    settings_cls: type[ServiceSettings]
+    routers: list[APIRouter] = field(default_factory=list)
+    subscriptions: Subscriptions | None = None
+    versions_dir: Path | None = None
+    metadata: MetaData | None = None
+    on_startup: list[Hook] = field(default_factory=list)
+    background: list[Hook] = field(default_factory=list)  # long-running loops (reconcilers)
+    with_iam: bool = True  # every service except the gateway projects identity
+    title: str = ""
+    description: str = ""
+
+
+@dataclass
+class KitRuntime:
+    settings: ServiceSettings
+    spec: ServiceSpec
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    metrics: ServiceMetrics
+    verifier: TokenVerifier
+    subscriptions: Subscriptions
+    producer: AIOKafkaProducer | None = None
+    relay: OutboxRelay | None = None
+    consumer: EventConsumer | None = None
+    broker_ready: bool = False
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self.tasks.append(task)
+        return task
+
+
+def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
+    metrics = ServiceMetrics(spec.name)
+    subs = spec.subscriptions or Subscriptions()
+    if spec.with_iam:
+        subs = iam.subscriptions.merge(subs)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        configure_logging(spec.name, settings.log_level, settings.log_json)
+        engine = create_engine(
+            settings.database_url.get_secret_value(),
+            settings.schema,
+            pool_size=settings.db_pool_size,
+            app_name=spec.name,
+        )
+        kit = KitRuntime(
+            settings=settings,
+            spec=spec,
+            engine=engine,
+            sessions=session_factory(engine),
+            metrics=metrics,
+            verifier=TokenVerifier(JWKSCache(settings.jwks_url), settings.jwt_issuer, settings.jwt_audience),
+            subscriptions=subs,
+        )
+        app.state.kit = kit
+        for hook in spec.on_startup:
+            await hook(kit)
+        kit.spawn(_run_messaging(kit), "messaging")
+        for loop in spec.background:
+            kit.spawn(loop(kit), loop.__name__)
+        log.info("service_started", port=settings.port)
+        try:
+            yield
+        finally:
+            await _shutdown(kit)
+
+    app = FastAPI(
+        title=spec.title or f"GPUaaS {spec.name}", description=spec.description, lifespan=lifespan, version="0.1.0"
+    )
+    install_error_handlers(app)
+    app.add_middleware(IdempotencyMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(CorrelationMiddleware, metrics=metrics)
+    _add_health(app, metrics)
+    app.include_router(admin.router)
+    for router in spec.routers:
+        app.include_router(router)
+    return app
+
+
+async def _run_messaging(kit: KitRuntime) -> None:
+    """Start producer, relay and consumer, retrying while the broker is unreachable."""
+    s = kit.settings
+    while True:
+        try:
+            await ensure_topics(s.kafka_bootstrap)
+            producer = make_producer(s.kafka_bootstrap, s.kafka_max_message_bytes)
+            await asyncio.wait_for(producer.start(), 30)
+            kit.producer = producer
+            break
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.warning("broker_unavailable", error=str(exc))
+            await asyncio.sleep(1.0)
+    kit.broker_ready = True
+    if s.run_relay:
+        kit.relay = OutboxRelay(
+            schema=s.schema,
+            engine=kit.engine,
+            sessions=kit.sessions,
+            producer=kit.producer,
+            dsn=to_plain_url(s.database_url.get_secret_value()),
+            metrics=kit.metrics,
+            batch_size=s.outbox_batch_size,
+            poll_interval_s=s.outbox_poll_interval_s,
+            retention_hours=s.outbox_retention_hours,
+        )
+        kit.spawn(kit.relay.run(), "outbox-relay")
+    if s.run_consumers and kit.subscriptions.topics:
+        kit.consumer = EventConsumer(
+            name=kit.spec.name,
+            bootstrap=s.kafka_bootstrap,
+            subscriptions=kit.subscriptions,
+            sessions=kit.sessions,
+            metrics=kit.metrics,
+            batch_size=s.consumer_batch_size,
+            max_attempts=s.consumer_max_attempts,
+            session_timeout_ms=s.kafka_session_timeout_ms,
+            heartbeat_interval_ms=s.kafka_heartbeat_interval_ms,
+            commit_timeout_s=s.consumer_commit_timeout_s,
+        )
+        kit.spawn(kit.consumer.run(), "consumer")
+
+
+async def _shutdown(kit: KitRuntime) -> None:
+    if kit.consumer:
+        kit.consumer.stop()
+    if kit.relay:
+        kit.relay.stop()
+    # Give the loops a moment to leave cleanly (consumer.stop() must run), then cancel the rest.
+    _, pending = await asyncio.wait(kit.tasks, timeout=12) if kit.tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with suppress(asyncio.CancelledError, Exception):
+            await task
+    if kit.producer:
+        with suppress(Exception):
+            await asyncio.wait_for(kit.producer.stop(), 10)
+    await kit.engine.dispose()
+
+
+def _add_health(app: FastAPI, metrics: ServiceMetrics) -> None:
+    @app.get("/healthz", tags=["ops"], include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"], include_in_schema=False)
+    async def readyz(request: Request) -> JSONResponse:
+        kit: KitRuntime = request.app.state.kit
+        checks: dict[str, bool] = {}
+        try:
+            async with kit.sessions() as session:
+                await asyncio.wait_for(session.execute(text("SELECT 1")), 3)
+                metrics.dead_letters.set(await count_parked(session))
+            checks["database"] = True
+        except Exception:
+            checks["database"] = False
+        checks["broker"] = await _broker_ok(kit)
+        if kit.settings.run_consumers and kit.subscriptions.topics:
+            checks["consumer_assigned"] = bool(kit.consumer and kit.consumer.assigned)
+        ready = all(checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["ops"], include_in_schema=False)
+    async def prometheus(request: Request) -> Response:
+        kit: KitRuntime = request.app.state.kit
+        try:
+            async with kit.sessions() as session:
+                metrics.dead_letters.set(await count_parked(session))
+        except Exception:  # metrics still answer while the database is down
+            pass
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _broker_ok(kit: KitRuntime) -> bool:
+    if kit.producer is None:
+        return False
+    try:
+        return bool(await asyncio.wait_for(kit.producer.client.fetch_all_metadata(), 3))
+    except (KafkaError, TimeoutError, OSError):
+        return False

@@ -1,0 +1,228 @@
+"""The service's consumer: one group per service, one subscriber for all its topics.
+
+Exactly-once effects on an at-least-once broker:
+- each message is applied in a savepoint of the batch's transaction, together with its inbox row
+  `(consumer, event_id)`; a redelivered event finds its inbox row and is skipped;
+- offsets are committed only after the database commit (with a timeout: a commit against a restarted
+  Tansu retries forever otherwise);
+- a handler that fails `max_attempts` times, or a message that cannot be parsed, is parked in
+  `dead_letters` (with an inbox row, so redelivery does not re-run it) and the batch goes on;
+- if the transaction itself fails (database down), nothing is committed and the partitions are
+  rewound to the batch start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
+from sqlalchemy import func, insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gpuaas.contracts import TOPICS, Event, new_event_id
+from gpuaas.kit import context
+from gpuaas.kit.logging import get_logger
+from gpuaas.kit.metrics import ServiceMetrics
+from gpuaas.kit.subscriptions import Subscriptions
+from gpuaas.kit.tables import dead_letters, inbox
+
+log = get_logger(__name__)
+
+
+class EventConsumer:
+    def __init__(
+        self,
+        *,
+        name: str,
+        bootstrap: str,
+        subscriptions: Subscriptions,
+        sessions: async_sessionmaker[AsyncSession],
+        metrics: ServiceMetrics,
+        batch_size: int = 500,
+        max_attempts: int = 3,
+        session_timeout_ms: int = 6000,
+        heartbeat_interval_ms: int = 1000,
+        commit_timeout_s: float = 10.0,
+    ) -> None:
+        self.name = name
+        self.bootstrap = bootstrap
+        self.subs = subscriptions
+        self.sessions = sessions
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.max_attempts = max_attempts
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.commit_timeout_s = commit_timeout_s
+        self.consumer: AIOKafkaConsumer | None = None
+        self._stopping = asyncio.Event()
+
+    @property
+    def assigned(self) -> bool:
+        return bool(self.consumer and self.consumer.assignment())
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        topics = sorted(self.subs.topics)
+        if not topics:
+            return
+        while not self._stopping.is_set():
+            self.consumer = AIOKafkaConsumer(
+                *topics,
+                bootstrap_servers=self.bootstrap,
+                group_id=self.name,
+                client_id=f"{self.name}-consumer",
+                enable_auto_commit=False,
+                # Tansu's end offsets are wrong: new groups start at the beginning; the inbox dedupes.
+                auto_offset_reset="earliest",
+                session_timeout_ms=self.session_timeout_ms,
+                heartbeat_interval_ms=self.heartbeat_interval_ms,
+                max_poll_records=self.batch_size,
+                fetch_max_wait_ms=200,
+            )
+            try:
+                await self.consumer.start()
+                await self._loop()
+            except KafkaError as exc:
+                log.warning("consumer_broker_error", error=str(exc))
+                await asyncio.sleep(1.0)
+            finally:
+                # Always stop(): cancelling inside getmany without it stalls partitions (aiokafka bug).
+                try:
+                    await asyncio.wait_for(self.consumer.stop(), 10)
+                except (TimeoutError, KafkaError) as exc:
+                    log.warning("consumer_stop_failed", error=str(exc))
+
+    async def _loop(self) -> None:
+        assert self.consumer is not None
+        while not self._stopping.is_set():
+            batch = await self.consumer.getmany(timeout_ms=500, max_records=self.batch_size)
+            if not batch:
+                await self._update_lag()
+                continue
+            records = [r for msgs in batch.values() for r in msgs]
+            try:
+                await self.apply(records)
+            except Exception as exc:  # the database is down or the transaction failed as a whole
+                log.warning("consumer_batch_failed", error=str(exc), records=len(records))
+                for tp, msgs in batch.items():
+                    self.consumer.seek(tp, msgs[0].offset)
+                await asyncio.sleep(1.0)
+                continue
+            offsets = {tp: msgs[-1].offset + 1 for tp, msgs in batch.items()}
+            try:
+                await asyncio.wait_for(self.consumer.commit(offsets), self.commit_timeout_s)
+            except (TimeoutError, KafkaError) as exc:
+                # Not fatal: redelivery is deduped by the inbox. Rejoin to resync with the broker.
+                log.warning("consumer_commit_failed", error=str(exc))
+                raise KafkaError(f"offset commit failed: {exc}") from exc
+            await self._update_lag()
+
+    async def _update_lag(self) -> None:
+        """Lag from the fetch high-water mark (Tansu's end_offsets are wrong)."""
+        if self.consumer is None:
+            return
+        for tp in self.consumer.assignment():
+            hw = self.consumer.highwater(tp)
+            if hw is None:
+                continue
+            pos = await self.consumer.position(tp)
+            self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(hw - pos, 0))
+
+    async def apply(self, records: Sequence[ConsumerRecord]) -> None:
+        """Apply a batch in one transaction: a savepoint per record, inbox row with each."""
+        async with self.sessions() as session, session.begin():
+            for record in records:
+                await self._apply_one(session, record)
+
+    async def _apply_one(self, session: AsyncSession, record: ConsumerRecord) -> None:
+        topic = TOPICS.get(record.topic)
+        try:
+            if topic is None:
+                raise ValueError(f"unknown topic {record.topic}")
+            event = topic.parse(record.value)
+        except (ValueError, ValidationError, UnicodeDecodeError) as exc:
+            await self._park(session, record, None, None, f"malformed event: {exc}", attempts=1)
+            return
+        if event is None:
+            return  # a type this version does not know: ignored by contract
+        handlers = self.subs.handlers.get(event.type)
+        if not handlers:
+            return
+        claimed = await session.execute(
+            pg_insert(inbox)
+            .values(
+                consumer=self.name,
+                event_id=event.id,
+                event_type=event.type,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+            )
+            .on_conflict_do_nothing()
+            .returning(inbox.c.event_id)
+        )
+        if claimed.first() is None:
+            self.metrics.events_duplicate.labels(record.topic).inc()
+            return
+        error = ""
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                async with session.begin_nested():
+                    await run_handlers(session, event, handlers)
+                self.metrics.events_applied.labels(record.topic, event.type).inc()
+                return
+            except Exception as exc:  # a handler bug or a rule violation: retry, then park
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("handler_failed", event_id=str(event.id), type=event.type, attempt=attempt, error=error)
+        await self._park(session, record, event.id, event.type, error, attempts=self.max_attempts)
+
+    async def _park(
+        self,
+        session: AsyncSession,
+        record: ConsumerRecord,
+        event_id: uuid.UUID | None,
+        event_type: str | None,
+        error: str,
+        attempts: int,
+    ) -> None:
+        await session.execute(
+            insert(dead_letters).values(
+                id=new_event_id(),
+                consumer=self.name,
+                event_id=event_id,
+                event_type=event_type,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                key=record.key,
+                payload=record.value if isinstance(record.value, bytes) else json.dumps(record.value).encode(),
+                error=error[:4000],
+                attempts=attempts,
+            )
+        )
+        self.metrics.dead_lettered.labels(record.topic).inc()
+        log.error("event_dead_lettered", topic=record.topic, offset=record.offset, error=error[:500])
+
+
+async def run_handlers(session: AsyncSession, event: Event, handlers: Sequence) -> None:
+    with context.bound(correlation=event.correlation_id, causation=event.id, event_type=event.type):
+        for handler in handlers:
+            await handler(session, event)
+
+
+async def count_parked(session: AsyncSession) -> int:
+    return (
+        await session.execute(select(func.count()).select_from(dead_letters).where(dead_letters.c.status == "parked"))
+    ).scalar_one()
+
+
+__all__ = ["EventConsumer", "TopicPartition", "count_parked", "run_handlers"]

@@ -1,0 +1,179 @@
+"""RFC 9457 problem details with stable codes, and the handlers that render every error as one.
+
+Domain code raises `Problem` subclasses (or `Problem(...)` directly); nothing else reaches a client
+as a 500 except a genuine bug, which still renders as problem+json without internals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gpuaas.kit import context
+from gpuaas.kit.logging import get_logger
+
+PROBLEM_JSON = "application/problem+json"
+log = get_logger(__name__)
+
+
+class Problem(Exception):
+    """A client-visible error: HTTP status + stable machine code + human detail."""
+
+    status: int = 400
+    code: str = "bad_request"
+    title: str = "Bad request"
+
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        code: str | None = None,
+        status: int | None = None,
+        title: str | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or (title or self.title)
+        self.code = code or self.code
+        self.status = status or self.status
+        self.title = title or self.title
+        self.extra = extra
+
+
+class NotFound(Problem):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class Forbidden(Problem):
+    status, code, title = 403, "forbidden", "Forbidden"
+
+
+class Unauthorized(Problem):
+    status, code, title = 401, "unauthorized", "Authentication required"
+
+
+class Conflict(Problem):
+    status, code, title = 409, "conflict", "Conflict"
+
+
+class Unprocessable(Problem):
+    status, code, title = 422, "validation_error", "Invalid request"
+
+
+class PreconditionFailed(Problem):
+    status, code, title = 412, "version_mismatch", "Resource changed since it was read"
+
+
+class TooManyRequests(Problem):
+    status, code, title = 429, "rate_limited", "Too many requests"
+
+
+class Unavailable(Problem):
+    status, code, title = 503, "unavailable", "Temporarily unavailable"
+
+
+def problem_body(
+    status: int, code: str, title: str, detail: str, instance: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": f"https://gpuaas.dev/problems/{code}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "code": code,
+    }
+    if instance:
+        body["instance"] = instance
+    if cid := context.correlation_id.get():
+        body["correlation_id"] = cid
+    body.update(extra)
+    return body
+
+
+def problem_response(
+    status: int, code: str, title: str, detail: str, instance: str | None = None, **extra: Any
+) -> JSONResponse:
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    return JSONResponse(
+        problem_body(status, code, title, detail, instance, **extra),
+        status_code=status,
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "rate_limited",
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc.status, exc.code, exc.title, exc.detail, request.url.path, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+        ]
+        return problem_response(
+            422,
+            "validation_error",
+            "Invalid request",
+            "The request failed validation.",
+            request.url.path,
+            errors=errors,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        return problem_response(
+            exc.status_code, code, code.replace("_", " ").capitalize(), str(exc.detail), request.url.path
+        )
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
+        log.info("integrity_error", error=str(exc.orig))
+        return problem_response(
+            409, "conflict", "Conflict", "The change conflicts with existing data.", request.url.path
+        )
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(DBAPIError)
+    async def _db(request: Request, exc: DBAPIError) -> JSONResponse:
+        log.warning("database_unavailable", error=str(exc))
+        return problem_response(
+            503,
+            "database_unavailable",
+            "Database unavailable",
+            "The database is unavailable; retry shortly.",
+            request.url.path,
+        )
+
+    @app.exception_handler(Exception)
+    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled_error")
+        return problem_response(
+            500,
+            "internal_error",
+            "Internal error",
+            "An unexpected error occurred; it has been logged.",
+            request.url.path,
+        )

@@ -1,0 +1,149 @@
+"""`Idempotency-Key` for POST: a retried request gets the first response, never a second effect.
+
+The key is reserved (row with no status) before the request runs, so a concurrent duplicate gets
+409 instead of running twice; a different body under the same key gets 422; a 5xx releases the key
+so the client may retry. Keys are scoped to the verified caller and expire after 24 hours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.dialects.postgresql import INTERVAL
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpuaas.kit.errors import Problem, problem_response
+from gpuaas.kit.http import header
+from gpuaas.kit.tables import idempotency_keys
+
+MAX_KEY_LENGTH = 255
+TTL = "24 hours"
+
+
+class IdempotencyMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        key = header(scope, b"idempotency-key") if scope["type"] == "http" else None
+        if key is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        if not key or len(key) > MAX_KEY_LENGTH:
+            await problem_response(
+                400,
+                "invalid_idempotency_key",
+                "Invalid Idempotency-Key",
+                f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters.",
+            )(scope, receive, send)
+            return
+        kit = scope["app"].state.kit
+        principal = await _caller(kit, scope)
+        body = await _read_body(receive)
+        digest = hashlib.sha256(scope["method"].encode() + scope["path"].encode() + b"\0" + body).hexdigest()
+
+        async with kit.sessions() as session, session.begin():
+            await session.execute(
+                delete(idempotency_keys).where(idempotency_keys.c.created_at < func.now() - func.cast(TTL, INTERVAL))
+            )
+            reserved = await session.execute(
+                pg_insert(idempotency_keys)
+                .values(principal=principal, key=key, method=scope["method"], path=scope["path"], request_hash=digest)
+                .on_conflict_do_nothing()
+                .returning(idempotency_keys.c.key)
+            )
+            first = reserved.first() is not None
+            existing = None
+            if not first:
+                existing = (
+                    await session.execute(
+                        select(idempotency_keys).where(
+                            idempotency_keys.c.principal == principal, idempotency_keys.c.key == key
+                        )
+                    )
+                ).first()
+        if not first and existing is not None:
+            if existing.request_hash != digest:
+                resp = problem_response(
+                    422,
+                    "idempotency_key_reused",
+                    "Idempotency-Key reused",
+                    "This Idempotency-Key was used with a different request.",
+                )
+            elif existing.status_code is None:
+                resp = problem_response(
+                    409,
+                    "idempotency_request_in_progress",
+                    "Request in progress",
+                    "A request with this Idempotency-Key is still being processed.",
+                )
+            else:
+                await _replay(existing, send)
+                return
+            await resp(scope, receive, send)
+            return
+
+        captured: dict[str, object] = {"status": 500, "headers": [], "body": b""}
+
+        async def replay_receive() -> Message:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                captured["status"] = message["status"]
+                captured["headers"] = message.get("headers", [])
+            elif message["type"] == "http.response.body":
+                captured["body"] = captured["body"] + message.get("body", b"")  # type: ignore[operator]
+            await send(message)
+
+        try:
+            await self.app(scope, replay_receive, capture)
+        finally:
+            status = int(captured["status"])  # type: ignore[arg-type]
+            async with kit.sessions() as session, session.begin():
+                where = (idempotency_keys.c.principal == principal, idempotency_keys.c.key == key)
+                if status >= 500:
+                    await session.execute(delete(idempotency_keys).where(*where))
+                else:
+                    headers = {
+                        k.decode(): v.decode()
+                        for k, v in captured["headers"]  # type: ignore[union-attr]
+                        if k.lower() in (b"content-type", b"location", b"etag")
+                    }
+                    await session.execute(
+                        update(idempotency_keys)
+                        .where(*where)
+                        .values(status_code=status, response_body=captured["body"], response_headers=headers)
+                    )
+
+
+async def _caller(kit: object, scope: Scope) -> str:
+    auth = header(scope, b"authorization") or ""
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return "anonymous"
+    try:
+        principal = await kit.verifier.verify(token.strip())  # type: ignore[attr-defined]
+    except Problem:
+        return "anonymous"  # the route itself answers 401
+    return str(principal.subject)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _replay(row: object, send: Send) -> None:
+    headers = [(k.encode(), v.encode()) for k, v in (row.response_headers or {}).items()]  # type: ignore[attr-defined]
+    headers.append((b"idempotent-replayed", b"true"))
+    body = row.response_body or b""  # type: ignore[attr-defined]
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": row.status_code, "headers": headers})  # type: ignore[attr-defined]
+    await send({"type": "http.response.body", "body": body})

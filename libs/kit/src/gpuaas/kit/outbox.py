@@ -1,0 +1,52 @@
+"""Transactional outbox: a use case adds its events to the `outbox` table in its own transaction.
+
+The relay (relay.py) publishes them; nothing in a request path talks to Kafka directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaas.contracts import Event, topic_of
+from gpuaas.kit import context
+from gpuaas.kit.errors import Problem
+from gpuaas.kit.tables import outbox
+
+MAX_EVENT_BYTES = 900_000  # below the broker limit we enforce (Tansu enforces none)
+
+
+def _row(event: Event) -> dict[str, object]:
+    # Events inherit the request's or the handled event's correlation/causation.
+    if event.correlation_id is None:
+        event.correlation_id = context.correlation_id.get()
+    if event.causation_id is None:
+        event.causation_id = context.causation_id.get()
+    payload = event.model_dump_json().encode()
+    if len(payload) > MAX_EVENT_BYTES:
+        raise Problem(
+            f"event {event.type} is {len(payload)} bytes; the limit is {MAX_EVENT_BYTES}",
+            code="event_too_large",
+            status=413,
+        )
+    return {
+        "event_id": event.id,
+        "topic": topic_of(event).name,
+        "event_type": event.type,
+        "aggregate_id": event.subject,
+        "payload": payload,
+        "headers": {"correlation_id": event.correlation_id or "", "event_type": event.type},
+    }
+
+
+async def add_events(session: AsyncSession, events: Iterable[Event]) -> None:
+    """Stage events in the caller's transaction; they are published only if it commits."""
+    rows = [_row(e) for e in events]
+    if rows:
+        await session.execute(insert(outbox), rows)
+
+
+async def add_event(session: AsyncSession, event: Event) -> None:
+    await add_events(session, [event])

@@ -1,0 +1,194 @@
+"""The outbox relay: publishes committed outbox rows in order, then marks them sent.
+
+- One active relay per service: a session-level advisory lock held on a dedicated connection;
+  other replicas stand by and take over when the holder dies.
+- Wake-up by LISTEN/NOTIFY (trigger on insert), with polling as the safety net.
+- Rows are claimed with FOR UPDATE SKIP LOCKED in `seq` order, published with acks=all, and marked
+  sent in the same transaction. A crash between publish and mark re-publishes the batch; consumers
+  dedupe by event id (inbox), so effects stay exactly-once.
+- Sent rows are kept for `retention_hours` so a range can be replayed after a broker loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import zlib
+from datetime import datetime, timedelta
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from gpuaas.kit.logging import get_logger
+from gpuaas.kit.metrics import ServiceMetrics
+from gpuaas.kit.tables import outbox
+
+log = get_logger(__name__)
+
+# Fault injection for the crash-between-publish-and-mark test: the relay SIGKILLs its own
+# process right after the broker acknowledged a batch and before the rows are marked sent.
+FAULT_KILL_AFTER_PUBLISH = "GPUAAS_FAULT_RELAY_KILL_AFTER_PUBLISH"
+
+
+def advisory_key(schema: str) -> int:
+    return zlib.crc32(f"gpuaas-relay:{schema}".encode())
+
+
+class OutboxRelay:
+    def __init__(
+        self,
+        *,
+        schema: str,
+        engine: AsyncEngine,
+        sessions: async_sessionmaker[AsyncSession],
+        producer: AIOKafkaProducer,
+        dsn: str,
+        metrics: ServiceMetrics,
+        batch_size: int = 500,
+        poll_interval_s: float = 1.0,
+        retention_hours: int = 168,
+    ) -> None:
+        self.schema = schema
+        self.engine = engine
+        self.sessions = sessions
+        self.producer = producer
+        self.dsn = dsn
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.poll_interval_s = poll_interval_s
+        self.retention = timedelta(hours=retention_hours)
+        self.is_leader = False
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        """Stand by until this replica holds the relay lock, then publish until stopped."""
+        while not self._stopping.is_set():
+            lock_conn: asyncpg.Connection | None = None
+            try:
+                lock_conn = await asyncpg.connect(self.dsn, server_settings={"search_path": self.schema})
+                if not await lock_conn.fetchval("SELECT pg_try_advisory_lock($1)", advisory_key(self.schema)):
+                    await self._sleep(2.0)
+                    continue
+                self.is_leader = True
+                await lock_conn.add_listener(f"{self.schema}_outbox", self._on_notify)
+                log.info("relay_leader", schema=self.schema)
+                await self._publish_loop(lock_conn)
+            except (OSError, asyncpg.PostgresError, ConnectionError) as exc:
+                log.warning("relay_db_error", error=str(exc))
+                await self._sleep(1.0)
+            finally:
+                self.is_leader = False
+                if lock_conn is not None and not lock_conn.is_closed():
+                    try:
+                        await asyncio.wait_for(lock_conn.close(), 5)
+                    except (TimeoutError, OSError, asyncpg.PostgresError):
+                        lock_conn.terminate()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_notify(self, *_: object) -> None:
+        self._wake.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _publish_loop(self, lock_conn: asyncpg.Connection) -> None:
+        last_prune = 0.0
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            if lock_conn.is_closed():
+                raise ConnectionError("relay lock connection lost")
+            self._wake.clear()
+            published = await self.publish_batch()
+            if loop.time() - last_prune > 300:
+                await self.prune()
+                last_prune = loop.time()
+            if published >= self.batch_size:
+                continue  # more waiting: no sleep
+            await self._update_lag()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+            except TimeoutError:
+                pass
+
+    async def publish_batch(self) -> int:
+        """Publish one batch of unsent rows in `seq` order; return how many were published."""
+        async with self.sessions() as session, session.begin():
+            rows = (
+                await session.execute(
+                    select(
+                        outbox.c.seq,
+                        outbox.c.topic,
+                        outbox.c.aggregate_id,
+                        outbox.c.payload,
+                        outbox.c.event_id,
+                        outbox.c.event_type,
+                        outbox.c.headers,
+                    )
+                    .where(outbox.c.sent_at.is_(None))
+                    .order_by(outbox.c.seq)
+                    .limit(self.batch_size)
+                    .with_for_update(skip_locked=True)
+                )
+            ).all()
+            if not rows:
+                return 0
+            futures = []
+            for r in rows:
+                headers = [("event_id", str(r.event_id).encode()), ("event_type", r.event_type.encode())]
+                if cid := (r.headers or {}).get("correlation_id"):
+                    headers.append(("correlation_id", cid.encode()))
+                futures.append(
+                    await self.producer.send(r.topic, r.payload, key=r.aggregate_id.encode(), headers=headers)
+                )
+            # acks=all: every record of the batch is durable on the broker before we mark it.
+            await asyncio.gather(*futures)
+            if os.environ.get(FAULT_KILL_AFTER_PUBLISH):
+                log.warning("fault_injection_kill_after_publish", rows=len(rows))
+                os.kill(os.getpid(), signal.SIGKILL)
+            await session.execute(
+                update(outbox).where(outbox.c.seq.in_([r.seq for r in rows])).values(sent_at=func.now())
+            )
+        for r in rows:
+            self.metrics.events_published.labels(r.topic).inc()
+        return len(rows)
+
+    async def prune(self) -> int:
+        async with self.sessions() as session, session.begin():
+            result = await session.execute(
+                delete(outbox).where(outbox.c.sent_at.is_not(None), outbox.c.sent_at < func.now() - self.retention)
+            )
+        return result.rowcount or 0
+
+    async def _update_lag(self) -> None:
+        async with self.sessions() as session:
+            count, oldest = (
+                await session.execute(
+                    select(func.count(), func.min(outbox.c.created_at)).where(outbox.c.sent_at.is_(None))
+                )
+            ).one()
+            age = (await session.execute(select(func.now()))).scalar_one() - oldest if oldest else None
+        self.metrics.outbox_unsent.set(count)
+        self.metrics.outbox_lag_seconds.set(age.total_seconds() if age else 0.0)
+
+
+async def replay(sessions: async_sessionmaker[AsyncSession], since: datetime, until: datetime | None = None) -> int:
+    """Mark sent rows created in [since, until) unsent, so the relay publishes them again in order.
+
+    Used after a broker lost its log. Consumers dedupe by event id, so replaying too much is safe.
+    """
+    async with sessions() as session, session.begin():
+        stmt = update(outbox).where(outbox.c.created_at >= since, outbox.c.sent_at.is_not(None))
+        if until is not None:
+            stmt = stmt.where(outbox.c.created_at < until)
+        result = await session.execute(stmt.values(sent_at=None))
+    return result.rowcount or 0

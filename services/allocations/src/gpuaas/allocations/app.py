@@ -1,0 +1,20 @@
+"""The allocations service: `create_app()` and its `SPEC` (routers, handlers, migrations)."""
+
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from gpuaas.allocations.settings import Settings
+from gpuaas.kit.app import ServiceSpec
+from gpuaas.kit.app import create_app as kit_create_app
+
+SPEC = ServiceSpec(
+    name="allocations",
+    settings_cls=Settings,
+    versions_dir=Path(__file__).parent / "migrations" / "versions",
+    description="GPU hosts, placement and the allocation lifecycle.",
+)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    return kit_create_app(settings or Settings(), SPEC)

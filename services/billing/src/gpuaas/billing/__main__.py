@@ -1,0 +1,5 @@
+from gpuaas.billing.app import SPEC
+from gpuaas.kit.cli import main
+
+if __name__ == "__main__":
+    main(SPEC)

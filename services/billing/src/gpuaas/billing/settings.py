@@ -1,0 +1,10 @@
+"""Settings of the billing service (env prefix `GPUAAS_BILLING_`)."""
+
+from gpuaas.kit.settings import ServiceSettings, service_config
+
+
+class Settings(ServiceSettings):
+    model_config = service_config("billing")
+
+    service_name: str = "billing"
+    port: int = 8006

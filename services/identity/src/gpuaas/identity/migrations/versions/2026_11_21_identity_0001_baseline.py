@@ -1,0 +1,21 @@
+"""identity: baseline (the service's own tables start here; kit tables come from the `kit` branch).
+
+Revision ID: identity_0001
+Revises:
+Create Date: 2026-11-21
+"""
+
+from collections.abc import Sequence
+
+revision: str = "identity_0001"
+down_revision: str | Sequence[str] | None = None
+branch_labels: str | Sequence[str] | None = ("identity",)
+depends_on: str | Sequence[str] | None = "kit_0001"
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass
