@@ -36,6 +36,7 @@ WRITE = frozenset({P, T, PA, PM})
 ADMIN = frozenset({P, T, PA})
 TENANT_ADMIN = frozenset({P, T})
 OPERATOR = frozenset({P})
+SERVICE_ACCOUNT_ONLY: frozenset[Role] = frozenset()  # granted through scopes, never through a role
 
 # action -> roles that may perform it. Keep actions `<service>.<resource>.<verb>` or `<service>.<verb>`.
 PERMISSIONS: dict[str, frozenset[Role]] = {
@@ -72,6 +73,9 @@ PERMISSIONS: dict[str, frozenset[Role]] = {
     "apps.member.add": WRITE,
     "apps.operation.manage": ADMIN,
     "apps.credential.rotate": ADMIN,
+    "apps.controller": SERVICE_ACCOUNT_ONLY,
+    "apps.credential.fetch": SERVICE_ACCOUNT_ONLY,
+    "metering.usage.write": SERVICE_ACCOUNT_ONLY,
     # metering / billing
     "metering.usage.read": READ,
     "billing.read": frozenset({P, T, PA}),
@@ -300,3 +304,10 @@ async def _service_account(session: AsyncSession, e: ev.ServiceAccountCreated) -
     values = e.data.model_dump()
     values["disabled"] = e.data.disabled or e.type == "service_account.disabled"
     await _upsert(session, iam_service_accounts, "service_account_id", values, e.time)
+
+
+async def apply_locally(session: AsyncSession, event: ev.Event) -> None:
+    """Apply an identity event to this service's projection now (identity itself, in the same
+    transaction that emits it); the copy that later arrives from the topic is a no-op."""
+    for handler in subscriptions.handlers.get(event.type, []):
+        await handler(session, event)

@@ -1,17 +1,41 @@
-"""The identity service: `create_app()` and its `SPEC` (routers, handlers, migrations)."""
+"""The identity service: `create_app()` and its `SPEC` (routers, handlers, migrations, bootstrap)."""
 
 from pathlib import Path
 
 from fastapi import FastAPI
 
+from gpuaas.identity import api, keys, service
+from gpuaas.identity.handlers import subscriptions
+from gpuaas.identity.models import metadata
 from gpuaas.identity.settings import Settings
-from gpuaas.kit.app import ServiceSpec
+from gpuaas.kit.app import KitRuntime, ServiceSpec
 from gpuaas.kit.app import create_app as kit_create_app
+from gpuaas.kit.logging import get_logger
+
+log = get_logger(__name__)
+
+
+async def _bootstrap(kit: KitRuntime) -> None:
+    """Make sure a signing key exists and the first operator is there (idempotent, race-safe)."""
+    settings: Settings = kit.settings  # type: ignore[assignment]
+    async with kit.sessions() as session, session.begin():
+        await keys.ensure_signing_key(session)
+        if settings.bootstrap_admin_email and settings.bootstrap_admin_password:
+            created = await service.bootstrap_admin(
+                session, settings.bootstrap_admin_email, settings.bootstrap_admin_password.get_secret_value()
+            )
+            if created:
+                log.info("bootstrap_admin_created", email=settings.bootstrap_admin_email)
+
 
 SPEC = ServiceSpec(
     name="identity",
     settings_cls=Settings,
+    routers=[api.router],
+    subscriptions=subscriptions,
     versions_dir=Path(__file__).parent / "migrations" / "versions",
+    metadata=metadata,
+    on_startup=[_bootstrap],
     description="Tenants, projects, users, memberships, service accounts, tokens and the audit store.",
 )
 

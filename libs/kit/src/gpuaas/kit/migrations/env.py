@@ -13,6 +13,12 @@ url: str = config.attributes["url"]
 target_metadata = config.attributes.get("metadata")
 
 
+def _include(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]
+    # Autogenerate compares only the tables of the metadata in hand: the kit's tables and the
+    # alembic version table live in the same schema but belong to another branch.
+    return not (type_ == "table" and reflected and compare_to is None)
+
+
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
     context.configure(
         connection=connection,
@@ -20,6 +26,7 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
         version_table_schema=schema,
         include_schemas=False,
         compare_type=True,
+        include_object=_include,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -1,0 +1,118 @@
+"""The HTTP layer every service gets from create_app: problems, idempotency, limits, correlation, health."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from sqlalchemy import text
+
+from gpuaas.kit.auth import CurrentPrincipal
+from gpuaas.kit.errors import Conflict
+
+from .support import build, new_service_db, running
+
+pytestmark = pytest.mark.integration
+
+
+class ThingCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=20)
+
+
+def things_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/things", status_code=201)
+    async def create(request: Request, body: ThingCreate, principal: CurrentPrincipal) -> dict:
+        await asyncio.sleep(0.2)  # long enough for a concurrent duplicate to arrive
+        async with request.app.state.kit.sessions() as s, s.begin():
+            if body.name == "taken":
+                raise Conflict("that name is taken", code="thing_name_taken")
+            thing_id = uuid.uuid4()
+            await s.execute(text("INSERT INTO things (id, name) VALUES (:i, :n)"), {"i": thing_id, "n": body.name})
+        return {"id": str(thing_id), "name": body.name}
+
+    return router
+
+
+@pytest.fixture
+async def app_client(infra, signer):  # type: ignore[no-untyped-def]
+    name, url = await new_service_db(infra.admin_url, "http")
+    app = build(name, url, infra.kafka_bootstrap, with_iam=False, routers=[things_router()],
+                settings={"max_request_bytes": 2000})
+    async with running(app, jwks=signer.jwks) as (client, kit):
+        async with kit.sessions() as s, s.begin():
+            await s.execute(text("CREATE TABLE things (id uuid primary key, name text)"))
+        yield client, kit
+
+
+async def count_things(kit) -> int:  # type: ignore[no-untyped-def]
+    async with kit.sessions() as s:
+        return (await s.execute(text("SELECT count(*) FROM things"))).scalar_one()
+
+
+async def test_idempotency_key_replays_the_first_response(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+    client, kit = app_client
+    h = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}", "Idempotency-Key": "k-1"}
+    first = await client.post("/things", json={"name": "a"}, headers=h)
+    again = await client.post("/things", json={"name": "a"}, headers=h)
+    assert first.status_code == 201 and again.status_code == 201
+    assert again.json() == first.json() and again.headers["idempotent-replayed"] == "true"
+    assert await count_things(kit) == 1
+    other = await client.post("/things", json={"name": "b"}, headers=h)
+    assert other.status_code == 422 and other.json()["code"] == "idempotency_key_reused"
+    # Keys are per caller: someone else's identical key is a new request.
+    h2 = {**h, "Authorization": f"Bearer {signer.token(uuid.uuid4())}"}
+    assert (await client.post("/things", json={"name": "a"}, headers=h2)).status_code == 201
+    assert await count_things(kit) == 2
+
+
+async def test_concurrent_duplicates_never_run_twice(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+    client, kit = app_client
+    h = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}", "Idempotency-Key": "k-concurrent"}
+    results = await asyncio.gather(*[client.post("/things", json={"name": "c"}, headers=h) for _ in range(5)])
+    codes = sorted(r.status_code for r in results)
+    assert codes.count(201) >= 1 and set(codes) <= {201, 409}
+    assert await count_things(kit) == 1
+
+
+async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+    client, _ = app_client
+    auth = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}"}
+    r = await client.post("/things", json={"name": ""}, headers=auth)
+    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
+    assert r.json()["code"] == "validation_error" and r.json()["errors"][0]["loc"][-1] == "name"
+    r = await client.post("/things", json={"name": "taken"}, headers=auth)
+    assert r.status_code == 409 and r.json()["code"] == "thing_name_taken"
+    r = await client.post("/things", json={"name": "x"})
+    assert r.status_code == 401 and r.json()["code"] == "missing_token"
+    r = await client.post("/things", json={"name": "x"}, headers={"Authorization": "Bearer abc.def.ghi"})
+    assert r.status_code == 401 and r.json()["code"] == "invalid_token"
+    expired = signer.token(uuid.uuid4(), ttl_s=-120)
+    r = await client.post("/things", json={"name": "x"}, headers={"Authorization": f"Bearer {expired}"})
+    assert r.status_code == 401
+    r = await client.post("/things", content=b"x" * 5000, headers={**auth, "content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+    r = await client.get("/nope")
+    assert r.status_code == 404 and r.json()["code"] == "not_found"
+
+
+async def test_correlation_id_is_echoed_or_created(app_client) -> None:  # type: ignore[no-untyped-def]
+    client, _ = app_client
+    r = await client.get("/healthz", headers={"X-Correlation-ID": "abc-123"})
+    assert r.headers["x-correlation-id"] == "abc-123"
+    r = await client.get("/healthz", headers={"X-Correlation-ID": "bad value with spaces"})
+    assert r.headers["x-correlation-id"] != "bad value with spaces" and len(r.headers["x-correlation-id"]) == 32
+
+
+async def test_health_readiness_and_metrics(app_client) -> None:  # type: ignore[no-untyped-def]
+    client, _ = app_client
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["database"] and ready.json()["checks"]["broker"]
+    metrics = (await client.get("/metrics")).text
+    assert "_http_request_duration_seconds_bucket" in metrics and "_dead_letters " in metrics
+    assert "_outbox_lag_events" in metrics

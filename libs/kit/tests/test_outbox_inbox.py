@@ -1,0 +1,227 @@
+"""Outbox → broker → inbox on the real Postgres and the real broker: exactly-once effects,
+per-aggregate order, dead letters, malformed messages, single relay leader."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from sqlalchemy import text
+
+from gpuaas.contracts import Actor
+from gpuaas.contracts.events.audit import AuditRecord, AuditRecorded
+from gpuaas.contracts.registry import AUDIT
+from gpuaas.kit.db import create_engine, session_factory, to_plain_url
+from gpuaas.kit.metrics import ServiceMetrics
+from gpuaas.kit.outbox import add_events
+from gpuaas.kit.relay import OutboxRelay, replay
+from gpuaas.kit.subscriptions import Subscriptions
+
+from .support import build, new_service_db, running, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def audit_event(run: str, subject: str, seq: int, reason: str = "") -> AuditRecorded:
+    return AuditRecorded.build(
+        subject=subject, source="test", actor=Actor.system("test"),
+        data=AuditRecord(service=run, action="test.write", resource_type="thing", resource_id=subject,
+                         after={"seq": seq}, reason=reason),
+    )
+
+
+def counting_handlers(run: str, poison: set[str] | None = None) -> Subscriptions:
+    """Records every application of this run's events in `applied` (no unique key: duplicates would show)."""
+    subs = Subscriptions()
+
+    @subs.on(AuditRecorded)
+    async def apply(session, event: AuditRecorded) -> None:  # type: ignore[no-untyped-def]
+        if event.data.service != run:
+            return
+        if poison is not None and event.data.reason in poison:
+            raise RuntimeError(f"poisoned: {event.data.reason}")
+        await session.execute(
+            text("INSERT INTO applied (event_id, subject, seq) VALUES (:e, :s, :q)"),
+            {"e": event.id, "s": event.subject, "q": event.data.after["seq"]},
+        )
+
+    return subs
+
+
+async def make_applied_table(url: str, schema: str) -> None:
+    engine = create_engine(url, schema)
+    async with engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE applied (n bigserial primary key, event_id uuid, subject text, seq int)"))
+    await engine.dispose()
+
+
+async def fetch(url: str, schema: str, sql: str) -> list:
+    engine = create_engine(url, schema)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(sql))).all()
+    await engine.dispose()
+    return rows
+
+
+async def test_events_apply_exactly_once_in_order_and_survive_replay(infra) -> None:
+    run = uuid.uuid4().hex
+    prod_name, prod_url = await new_service_db(infra.admin_url, "prod")
+    cons_name, cons_url = await new_service_db(infra.admin_url, "cons")
+    await make_applied_table(cons_url, cons_name)
+    producer = build(prod_name, prod_url, infra.kafka_bootstrap, with_iam=False)
+    consumer = build(cons_name, cons_url, infra.kafka_bootstrap, with_iam=False, subscriptions=counting_handlers(run))
+    subjects = [f"agg-{i}" for i in range(10)]
+    n_per_subject = 30
+    async with running(producer) as (_, pkit), running(consumer) as (_, ckit):
+        # Many transactions, interleaving aggregates: 300 events.
+        for seq in range(n_per_subject):
+            async with pkit.sessions() as s, s.begin():
+                await add_events(s, [audit_event(run, subj, seq) for subj in subjects])
+        total = len(subjects) * n_per_subject
+
+        async def applied() -> int:
+            return (await fetch(cons_url, cons_name, "SELECT count(*) FROM applied"))[0][0]
+
+        await wait_for(lambda: _eq(applied(), total), 60, "all events applied")
+
+        # Replay everything: the relay publishes all 300 again; the inbox must swallow them.
+        requeued = await replay(pkit.sessions, since=_epoch())
+        assert requeued == total
+        await wait_for(lambda: _counter(ckit, "events_duplicate", AUDIT, total), 60, "duplicates seen")
+        assert await applied() == total
+
+    rows = await fetch(cons_url, cons_name, "SELECT subject, seq FROM applied ORDER BY n")
+    assert len({(s, q) for s, q in rows}) == total, "an event was applied twice"
+    for subj in subjects:
+        seqs = [q for s, q in rows if s == subj]
+        assert seqs == sorted(seqs), f"events of {subj} applied out of order"
+
+
+async def test_failing_handler_is_dead_lettered_then_retried(infra, signer) -> None:
+    from .test_iam import operator_events
+
+    run = uuid.uuid4().hex
+    prod_name, prod_url = await new_service_db(infra.admin_url, "prod")
+    cons_name, cons_url = await new_service_db(infra.admin_url, "cons")
+    await make_applied_table(cons_url, cons_name)
+    poison = {"poison"}
+    producer = build(prod_name, prod_url, infra.kafka_bootstrap, with_iam=False)
+    consumer = build(cons_name, cons_url, infra.kafka_bootstrap, subscriptions=counting_handlers(run, poison),
+                     settings={"consumer_max_attempts": 3})
+    admin_id = uuid.uuid4()
+    async with running(producer) as (_, pkit), running(consumer, jwks=signer.jwks) as (client, ckit):
+        from gpuaas.kit.iam import apply_locally
+
+        async with ckit.sessions() as s, s.begin():
+            for e in operator_events(admin_id):
+                await apply_locally(s, e)
+        async with pkit.sessions() as s, s.begin():
+            await add_events(s, [audit_event(run, "a", 0), audit_event(run, "b", 1, reason="poison"),
+                                 audit_event(run, "c", 2)])
+        auth = {"Authorization": f"Bearer {signer.token(admin_id)}"}
+
+        async def parked() -> list:
+            r = await client.get("/admin/dead-letters", headers=auth)
+            assert r.status_code == 200, r.text
+            return r.json()["items"]
+
+        await wait_for(lambda: _len(parked(), 1), 60, "dead letter")
+        dead = (await parked())[0]
+        assert dead["attempts"] == 3 and "poisoned" in dead["error"] and dead["event_type"] == "audit.recorded"
+        rows = await fetch(cons_url, cons_name, "SELECT seq FROM applied ORDER BY seq")
+        assert [r[0] for r in rows] == [0, 2], "the batch must go on past a poisoned event"
+
+        # Still failing: the retry reports it and keeps the letter parked.
+        r = await client.post(f"/admin/dead-letters/{dead['id']}/retry", headers=auth)
+        assert r.status_code == 409 and r.json()["code"] == "dead_letter_retry_failed"
+        poison.clear()  # the "fix" is deployed
+        r = await client.post(f"/admin/dead-letters/{dead['id']}/retry", headers=auth)
+        assert r.status_code == 200 and r.json()["status"] == "resolved"
+        assert await parked() == []
+        rows = await fetch(cons_url, cons_name, "SELECT seq FROM applied ORDER BY seq")
+        assert [r[0] for r in rows] == [0, 1, 2]
+        # A stranger (no operator membership) may not touch the admin surface.
+        r = await client.get("/admin/dead-letters", headers={"Authorization": f"Bearer {signer.token(uuid.uuid4())}"})
+        assert r.status_code == 403 and r.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_malformed_messages_are_parked_and_never_stop_the_consumer(infra) -> None:
+    run = uuid.uuid4().hex
+    cons_name, cons_url = await new_service_db(infra.admin_url, "cons")
+    await make_applied_table(cons_url, cons_name)
+    consumer = build(cons_name, cons_url, infra.kafka_bootstrap, with_iam=False, subscriptions=counting_handlers(run))
+    async with running(consumer):
+        raw = AIOKafkaProducer(bootstrap_servers=infra.kafka_bootstrap)
+        await raw.start()
+        try:
+            marker = f"garbage-{run}".encode()
+            await raw.send_and_wait(AUDIT, b"{not json " + marker, key=b"x")
+            bad_shape = b'{"type": "audit.recorded", "id": "nope", "marker": "' + marker + b'"}'
+            await raw.send_and_wait(AUDIT, bad_shape, key=b"y")
+            await raw.send_and_wait(AUDIT, b'{"type": "some.future.event", "data": {}}', key=b"z")
+            await raw.send_and_wait(AUDIT, audit_event(run, "ok", 7).model_dump_json().encode(), key=b"ok")
+        finally:
+            await raw.stop()
+
+        async def done() -> bool:
+            return (await fetch(cons_url, cons_name, "SELECT count(*) FROM applied"))[0][0] == 1
+
+        await wait_for(done, 60, "valid event applied after garbage")
+    parked = await fetch(cons_url, cons_name, "SELECT error, payload FROM dead_letters")
+    ours = [p for p in parked if marker in bytes(p[1])]
+    assert len(ours) == 2 and all(p[0].startswith("malformed event") for p in ours)
+    # The unknown event type is ignored, not parked.
+    assert not [p for p in parked if b"some.future.event" in bytes(p[1])]
+
+
+async def test_only_one_relay_leads_per_schema(infra) -> None:
+    from gpuaas.kit.kafka import make_producer
+
+    name, url = await new_service_db(infra.admin_url, "relay")
+    engine = create_engine(url, name)
+    producer = make_producer(infra.kafka_bootstrap, 1_000_000)
+    await producer.start()
+    relays = [
+        OutboxRelay(schema=name, engine=engine, sessions=session_factory(engine), producer=producer,
+                    dsn=to_plain_url(url), metrics=ServiceMetrics(f"r{i}"), poll_interval_s=0.2)
+        for i in range(2)
+    ]
+    tasks = [asyncio.create_task(r.run()) for r in relays]
+    try:
+        await wait_for(lambda: any(r.is_leader for r in relays), 10, "a leader")
+        await asyncio.sleep(1.0)
+        assert sum(r.is_leader for r in relays) == 1
+        leader = next(r for r in relays if r.is_leader)
+        standby = next(r for r in relays if not r.is_leader)
+        leader.stop()
+        await wait_for(lambda: standby.is_leader, 15, "standby takes over")
+    finally:
+        for r in relays:
+            r.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await producer.stop()
+        await engine.dispose()
+
+
+# --- helpers ---
+
+
+async def _eq(value_coro, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    return (await value_coro) == expected
+
+
+async def _len(value_coro, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    return len(await value_coro) == expected
+
+
+def _counter(kit, name: str, topic: str, at_least: int) -> bool:  # type: ignore[no-untyped-def]
+    metric = getattr(kit.metrics, name)
+    return metric.labels(topic)._value.get() >= at_least
+
+
+def _epoch():  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    return datetime(2000, 1, 1, tzinfo=UTC)
