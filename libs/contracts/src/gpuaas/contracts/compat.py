@@ -1,0 +1,295 @@
+"""Backward-compatibility check between two generations of the event schemas.
+
+Within a topic version, a change must keep both directions working, because services deploy
+independently and compacted topics are replayed:
+
+- an *old* consumer must parse what a *new* producer sends: no field removed, no type widened,
+  no constraint relaxed;
+- a *new* consumer must parse what an *old* producer sent (replay): no new required field, no
+  optional field made required, no type narrowed, no enum value removed, no event type removed.
+
+So, in short, the set of accepted values must not change, except for:
+- new optional fields (consumers ignore unknown fields): compatible;
+- new event types in a topic, and new topics (consumers skip unknown types): compatible;
+- new enum values: reported as a *warning*, not breaking. Old consumers reject a value they do
+  not know, so deploy the consumers before the producer that emits the new value.
+
+Descriptions, titles, defaults and the names of `$defs` are ignored: refs are resolved and the
+schemas compared structurally, so renaming a nested model is not a change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Schema = Mapping[str, Any]
+
+CONSTRAINT_KEYWORDS = (
+    "format",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
+)
+
+
+@dataclass(frozen=True, order=True)
+class Change:
+    """One difference; `breaking` changes fail the check, the others are informational."""
+
+    where: str
+    message: str
+    breaking: bool = True
+
+    def __str__(self) -> str:
+        return f"{'BREAKING' if self.breaking else 'note'}: {self.where}: {self.message}"
+
+
+def breaking(changes: Iterable[Change]) -> list[Change]:
+    return [c for c in changes if c.breaking]
+
+
+def format_changes(changes: Iterable[Change]) -> str:
+    return "\n".join(str(c) for c in sorted(changes, key=lambda c: (not c.breaking, c.where, c.message)))
+
+
+# --- file sets ------------------------------------------------------------------------------
+
+
+def compare_files(old: Mapping[str, Schema], new: Mapping[str, Schema]) -> list[Change]:
+    """Compare two schema directories (relative path → document), as written by the export.
+
+    Only `topics/*.json` and `events/*/*.json` are contracts; other files (the AsyncAPI
+    document) are derived from them and not compared.
+    """
+    changes: list[Change] = []
+    for path in sorted(old.keys() | new.keys()):
+        kind = _file_kind(path)
+        if kind is None:
+            continue
+        if path not in new:
+            what = "topic removed" if kind == "topic" else "event type removed from its topic"
+            changes.append(Change(path, what))
+        elif path not in old:
+            changes.append(Change(path, f"new {kind}", breaking=False))
+        elif kind == "topic":
+            changes.extend(compare_topic(old[path], new[path], where=path))
+        else:
+            changes.extend(compare_schema(old[path], new[path], where=path))
+    return changes
+
+
+def _file_kind(path: str) -> str | None:
+    parts = path.split("/")
+    if len(parts) == 2 and parts[0] == "topics" and parts[1].endswith(".json"):
+        return "topic"
+    if len(parts) == 3 and parts[0] == "events" and parts[2].endswith(".json"):
+        return "event type"
+    return None
+
+
+def topic_event_types(schema: Schema) -> set[str]:
+    meta = schema.get("x-gpuaas", {})
+    if "event_types" in meta:
+        return set(meta["event_types"])
+    return set(schema.get("discriminator", {}).get("mapping", {}))
+
+
+def compare_topic(old: Schema, new: Schema, *, where: str = "") -> list[Change]:
+    """Event types of a topic union: removing one is breaking, adding one is not."""
+    before, after = topic_event_types(old), topic_event_types(new)
+    changes = [Change(where, f"event type {t!r} removed from the topic") for t in sorted(before - after)]
+    changes += [Change(where, f"event type {t!r} added", breaking=False) for t in sorted(after - before)]
+    return changes
+
+
+# --- one schema -----------------------------------------------------------------------------
+
+
+def compare_schema(old: Schema, new: Schema, *, where: str = "") -> list[Change]:
+    """Structural comparison of two JSON Schemas (each resolving its own local `$ref`s)."""
+    walker = _Walker(old, new, where)
+    walker.compare(old, new, "")
+    return walker.changes
+
+
+@dataclass
+class _Walker:
+    old_root: Schema
+    new_root: Schema
+    where: str
+    changes: list[Change] = field(default_factory=list)
+    _visited: set[tuple[str, str, str]] = field(default_factory=set)
+
+    def _add(self, path: str, message: str, *, breaking: bool = True) -> None:
+        location = f"{self.where}: {path}" if path else self.where
+        self.changes.append(Change(location or "<root>", message, breaking))
+
+    def compare(self, old: Schema, new: Schema, path: str) -> None:
+        old_alts = _alternatives(self.old_root, old)
+        new_alts = _alternatives(self.new_root, new)
+        old_kinds = {_kind(s) for _, s in old_alts}
+        new_kinds = {_kind(s) for _, s in new_alts}
+        if old_kinds != new_kinds:
+            self._add(path, _describe_kind_change(old_kinds, new_kinds))
+        for kind in sorted(old_kinds & new_kinds):
+            olds = [a for a in old_alts if _kind(a[1]) == kind]
+            news = [a for a in new_alts if _kind(a[1]) == kind]
+            if len(olds) != len(news):
+                self._add(path, f"number of {kind} alternatives changed from {len(olds)} to {len(news)}")
+            for (old_ref, o), (new_ref, n) in _pair(olds, news):
+                if old_ref and new_ref:
+                    key = (old_ref, new_ref, kind)
+                    if key in self._visited:
+                        continue  # compared already (shared or recursive definition)
+                    self._visited.add(key)
+                self._compare_same_kind(o, n, kind, path)
+
+    def _compare_same_kind(self, old: Schema, new: Schema, kind: str, path: str) -> None:
+        self._compare_values(old, new, path)
+        for keyword in CONSTRAINT_KEYWORDS:
+            if old.get(keyword) != new.get(keyword):
+                self._add(path, f"constraint {keyword!r} changed from {old.get(keyword)!r} to {new.get(keyword)!r}")
+        if kind == "object":
+            self._compare_object(old, new, path)
+        elif kind == "array":
+            self.compare(_subschema(old.get("items")), _subschema(new.get("items")), f"{path}[]")
+
+    def _compare_values(self, old: Schema, new: Schema, path: str) -> None:
+        before, after = _allowed_values(old), _allowed_values(new)
+        if before is None and after is None:
+            return
+        if before is None:
+            self._add(path, f"now restricted to {sorted(after or [], key=repr)}")
+        elif after is None:
+            self._add(path, f"no longer restricted to {sorted(before, key=repr)}")
+        else:
+            for value in sorted(before - after, key=repr):
+                self._add(path, f"enum value {value!r} removed")
+            for value in sorted(after - before, key=repr):
+                self._add(path, f"enum value {value!r} added (deploy consumers first)", breaking=False)
+
+    def _compare_object(self, old: Schema, new: Schema, path: str) -> None:
+        old_props, new_props = old.get("properties", {}), new.get("properties", {})
+        old_required, new_required = set(old.get("required", ())), set(new.get("required", ()))
+        for name in old_props:
+            where = f"{path}.{name}" if path else name
+            if name not in new_props:
+                self._add(where, "field removed")
+                continue
+            if name in new_required and name not in old_required:
+                self._add(where, "optional field became required")
+            self.compare(old_props[name], new_props[name], where)
+        for name in new_props.keys() - old_props.keys():
+            where = f"{path}.{name}" if path else name
+            if name in new_required:
+                self._add(where, "new required field")
+            else:
+                self._add(where, "optional field added", breaking=False)
+        old_extra, new_extra = old.get("additionalProperties"), new.get("additionalProperties")
+        if isinstance(old_extra, Mapping) or isinstance(new_extra, Mapping):
+            self.compare(_subschema(old_extra), _subschema(new_extra), f"{path}{{*}}")
+
+
+# --- schema normalisation -------------------------------------------------------------------
+
+
+def _resolve_pointer(root: Schema, ref: str) -> Schema:
+    if not ref.startswith("#/"):
+        raise ValueError(f"only local $refs are supported, got {ref!r}")
+    node: Any = root
+    for token in ref[2:].split("/"):
+        node = node[token.replace("~1", "/").replace("~0", "~")]
+    return node
+
+
+def _resolve(root: Schema, node: Schema) -> tuple[str | None, Schema]:
+    """Follow `$ref` (and single-element `allOf`) to the definition; siblings are merged in."""
+    ref: str | None = None
+    seen: set[str] = set()
+    while True:
+        if "$ref" in node:
+            ref = node["$ref"]
+            if ref in seen:
+                raise ValueError(f"$ref cycle at {ref!r}")
+            seen.add(ref)
+            siblings = {k: v for k, v in node.items() if k != "$ref"}
+            node = {**_resolve_pointer(root, ref), **siblings}
+        elif isinstance(node.get("allOf"), list) and len(node["allOf"]) == 1:
+            siblings = {k: v for k, v in node.items() if k != "allOf"}
+            node = {**node["allOf"][0], **siblings}
+        else:
+            return ref, node
+
+
+def _alternatives(root: Schema, node: Schema) -> list[tuple[str | None, Schema]]:
+    """A schema as a flat list of single-type alternatives (anyOf/oneOf and type lists split)."""
+    ref, node = _resolve(root, node)
+    for keyword in ("anyOf", "oneOf"):
+        if isinstance(node.get(keyword), list):
+            return [alt for sub in node[keyword] for alt in _alternatives(root, sub)]
+    types = node.get("type")
+    if isinstance(types, list):
+        return [(ref, {**node, "type": t}) for t in types]
+    return [(ref, node)]
+
+
+_JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
+
+
+def _kind(node: Schema) -> str:
+    if isinstance(node.get("type"), str):
+        return node["type"]
+    values = _allowed_values(node)
+    if values:
+        kinds = {_JSON_TYPES.get(type(v), "object") for v in values}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+    if "properties" in node or "additionalProperties" in node:
+        return "object"
+    if "items" in node:
+        return "array"
+    return "any"
+
+
+def _allowed_values(node: Schema) -> set[Any] | None:
+    if "const" in node:
+        return {_hashable(node["const"])}
+    if isinstance(node.get("enum"), list):
+        return {_hashable(v) for v in node["enum"]}
+    return None
+
+
+def _hashable(value: Any) -> Any:
+    return repr(value) if isinstance(value, dict | list) else value
+
+
+def _subschema(value: Any) -> Schema:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _pair(olds: list[Any], news: list[Any]) -> list[tuple[Any, Any]]:
+    """Pair alternatives of one kind: by title when several, else the single ones."""
+    if len(olds) == 1 and len(news) == 1:
+        return [(olds[0], news[0])]
+    by_title = {alt[1].get("title"): alt for alt in news}
+    pairs = [(alt, by_title[alt[1].get("title")]) for alt in olds if alt[1].get("title") in by_title]
+    if len(pairs) < len(olds):  # untitled alternatives: positional
+        pairs = list(zip(olds, news, strict=False))
+    return pairs
+
+
+def _describe_kind_change(before: set[str], after: set[str]) -> str:
+    if before - {"null"} == after - {"null"}:
+        return "may now be null" if "null" in after else "may no longer be null"
+    return f"type changed from {'|'.join(sorted(before))} to {'|'.join(sorted(after))}"

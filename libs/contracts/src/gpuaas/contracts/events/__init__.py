@@ -1,0 +1,1 @@
+"""Event types, one module per topic."""

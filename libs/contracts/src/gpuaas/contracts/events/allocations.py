@@ -1,0 +1,335 @@
+"""`gpuaas.allocations.v1`: hosts, allocations, SSH grants and volumes (owner: allocations).
+
+Event-carried state transfer: every event holds the full current state of its entity, keyed by
+the entity id, so app-runtime (placement), metering (meters) and any new consumer can rebuild
+their projections from the (compacted) topic alone. `version` increases with every change of
+an entity: a projection applies an event only if it is newer than what it holds.
+
+Metering reads the lifecycle times carried here (`activated_at`, `billing_stopped_at`,
+`status_changed_at`) rather than the envelope time, so a late publish never shifts a bill.
+"""
+
+from __future__ import annotations
+
+import uuid
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from gpuaas.contracts.enums import AllocationStatus, CapacityShape
+from gpuaas.contracts.envelope import Event, Payload
+from gpuaas.contracts.scalars import Timestamp
+
+
+class HostStatus(StrEnum):
+    """enrolling (agent registered, host setup running) → ready; cordoned takes no new
+    allocations; unreachable after lost heartbeats; decommissioned is final."""
+
+    enrolling = "enrolling"
+    ready = "ready"
+    cordoned = "cordoned"
+    unreachable = "unreachable"
+    decommissioned = "decommissioned"
+
+
+class GpuDevice(Payload):
+    index: int = Field(ge=0, description="device index on the host (CUDA_VISIBLE_DEVICES)")
+    model: str = Field(description="normalised model name, e.g. 'H100-80GB'")
+    memory_mb: int = Field(ge=0)
+    device_uuid: str | None = Field(default=None, description="vendor device UUID when discovered")
+
+
+class HostState(Payload):
+    aggregate_field = "host_id"
+
+    host_id: uuid.UUID
+    name: str
+    status: HostStatus
+    host_class: str | None = Field(default=None, description="operator-defined class a request may pin")
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuDevice] = Field(default_factory=list)
+    inventory_source: Literal["nvidia-smi", "declared"] = "declared"
+    agent_version: str | None = None
+    last_heartbeat_at: Timestamp | None = None
+    cordon_reason: str | None = None
+    version: int = Field(ge=1)
+
+
+class SshEndpoint(Payload):
+    host: str
+    port: int = Field(ge=1, le=65535)
+    username: str = Field(description="the allocation's Unix account")
+
+
+class AllocationState(Payload):
+    aggregate_field = "allocation_id"
+
+    allocation_id: uuid.UUID
+    tenant_id: uuid.UUID
+    project_id: uuid.UUID
+    owner_user_id: uuid.UUID | None = Field(
+        default=None, description="user who created it; None when a service account did"
+    )
+    name: str = ""
+    shape: CapacityShape
+    gpu_model: str
+    gpu_count: int = Field(ge=1)
+    gpu_indices: list[int] = Field(default_factory=list, description="assigned GPU indices on the host")
+    host_id: uuid.UUID | None = Field(default=None, description="None until placed")
+    host_class: str | None = None
+    status: AllocationStatus
+    status_changed_at: Timestamp = Field(description="when the allocation entered `status`")
+    failure_reason: str | None = Field(default=None, description="why it failed / release failed")
+    target_gpu_count: int | None = Field(default=None, ge=1, description="gpu count of a resize in flight")
+    ssh_endpoint: SshEndpoint | None = None
+    volume_ids: list[uuid.UUID] = Field(default_factory=list)
+    requested_at: Timestamp
+    activated_at: Timestamp | None = None
+    release_requested_at: Timestamp | None = None
+    billing_stopped_at: Timestamp | None = Field(
+        default=None, description="set at the release request: billing stops even if the release fails"
+    )
+    released_at: Timestamp | None = None
+    release_attempts: int = Field(default=0, ge=0)
+    version: int = Field(ge=1)
+
+
+class SshGrantState(Payload):
+    """SSH access to one allocation with the grantee's own public key.
+
+    `origin` tells a project member's grant from a key installed for an app instance's
+    controller (app-runtime access grant).
+    """
+
+    aggregate_field = "grant_id"
+
+    grant_id: uuid.UUID
+    allocation_id: uuid.UUID
+    tenant_id: uuid.UUID
+    project_id: uuid.UUID
+    origin: Literal["user", "app_access_grant"] = "user"
+    user_id: uuid.UUID | None = Field(default=None, description="grantee (origin=user)")
+    access_grant_id: uuid.UUID | None = Field(default=None, description="source grant (origin=app_access_grant)")
+    public_key: str = Field(description="OpenSSH public key line")
+    fingerprint: str = Field(description="SHA256 fingerprint of public_key")
+    status: Literal["active", "revoked"] = "active"
+    granted_by: str | None = Field(default=None, description="actor id that created the grant")
+    created_at: Timestamp
+    revoked_at: Timestamp | None = None
+    version: int = Field(ge=1)
+
+
+class VolumeAttachment(Payload):
+    allocation_id: uuid.UUID
+    mount_path: str
+    attached_at: Timestamp
+
+
+class VolumeState(Payload):
+    """A project volume; `persist` says what survives the release of an allocation."""
+
+    aggregate_field = "volume_id"
+
+    volume_id: uuid.UUID
+    tenant_id: uuid.UUID
+    project_id: uuid.UUID
+    name: str
+    size_gb: int = Field(ge=1)
+    persist: bool = Field(description="data survives release of the allocations it is attached to")
+    access_mode: Literal["single_writer", "multi_attach"] = "single_writer"
+    status: Literal["available", "attached", "deleted"] = "available"
+    attachments: list[VolumeAttachment] = Field(default_factory=list)
+    version: int = Field(ge=1)
+
+
+class HostEnrolled(Event):
+    """An agent registered a host; it becomes schedulable once `ready`."""
+
+    type: Literal["host.enrolled"] = "host.enrolled"
+    data: HostState
+
+
+class HostUpdated(Event):
+    """Inventory, labels, class or status changed (including uncordon and heartbeat recovery)."""
+
+    type: Literal["host.updated"] = "host.updated"
+    data: HostState
+
+
+class HostCordoned(Event):
+    """The host takes no new allocations; existing ones keep running."""
+
+    type: Literal["host.cordoned"] = "host.cordoned"
+    data: HostState
+
+
+class HostHeartbeatLost(Event):
+    """The agent missed its heartbeats; the host is `unreachable`."""
+
+    type: Literal["host.heartbeat_lost"] = "host.heartbeat_lost"
+    data: HostState
+
+
+class AllocationRequested(Event):
+    """A tenant asked for capacity; not yet placed."""
+
+    type: Literal["allocation.requested"] = "allocation.requested"
+    data: AllocationState
+
+
+class AllocationProvisioning(Event):
+    """Placed on a host (GPUs reserved); the agent is setting up the account and workspace."""
+
+    type: Literal["allocation.provisioning"] = "allocation.provisioning"
+    data: AllocationState
+
+
+class AllocationActivated(Event):
+    """Ready for use: SSH endpoint set. Metering opens a meter at `activated_at`."""
+
+    type: Literal["allocation.activated"] = "allocation.activated"
+    data: AllocationState
+
+
+class AllocationRestarting(Event):
+    """Restart-in-place started: same id, host, endpoint, keys and volumes; sessions interrupted."""
+
+    type: Literal["allocation.restarting"] = "allocation.restarting"
+    data: AllocationState
+
+
+class AllocationRestarted(Event):
+    """Restart finished; the allocation is `active` again."""
+
+    type: Literal["allocation.restarted"] = "allocation.restarted"
+    data: AllocationState
+
+
+class AllocationRestartFailed(Event):
+    """Restart did not complete; `failure_reason` says why, `status` where it now stands."""
+
+    type: Literal["allocation.restart_failed"] = "allocation.restart_failed"
+    data: AllocationState
+
+
+class AllocationResizing(Event):
+    """A resize to `target_gpu_count` started."""
+
+    type: Literal["allocation.resizing"] = "allocation.resizing"
+    data: AllocationState
+
+
+class AllocationResized(Event):
+    """Resize finished: `gpu_count`/`gpu_indices` are the new ones. Metering changes the meter."""
+
+    type: Literal["allocation.resized"] = "allocation.resized"
+    data: AllocationState
+
+
+class AllocationResizeFailed(Event):
+    """Resize did not complete; the allocation keeps its previous GPUs (`failure_reason`)."""
+
+    type: Literal["allocation.resize_failed"] = "allocation.resize_failed"
+    data: AllocationState
+
+
+class AllocationReleaseRequested(Event):
+    """Release asked (or retried): `releasing`; billing stops at `billing_stopped_at`.
+
+    App-runtime stops the members on the allocation first and answers with
+    `release_clearance.granted` on `gpuaas.app-runtime.v1`.
+    """
+
+    type: Literal["allocation.release_requested"] = "allocation.release_requested"
+    data: AllocationState
+
+
+class AllocationReleased(Event):
+    """Released: GPUs freed, account removed, non-persistent volumes gone."""
+
+    type: Literal["allocation.released"] = "allocation.released"
+    data: AllocationState
+
+
+class AllocationFailed(Event):
+    """Provisioning failed (`failure_reason`); it never became active and was never billed."""
+
+    type: Literal["allocation.failed"] = "allocation.failed"
+    data: AllocationState
+
+
+class AllocationReleaseFailed(Event):
+    """Release failed (`failure_reason`); billing has stopped regardless; release can be retried."""
+
+    type: Literal["allocation.release_failed"] = "allocation.release_failed"
+    data: AllocationState
+
+
+class SshGrantCreated(Event):
+    """A public key was granted access to an allocation."""
+
+    type: Literal["ssh_grant.created"] = "ssh_grant.created"
+    data: SshGrantState
+
+
+class SshGrantRevoked(Event):
+    """The key is removed from the allocation."""
+
+    type: Literal["ssh_grant.revoked"] = "ssh_grant.revoked"
+    data: SshGrantState
+
+
+class VolumeCreated(Event):
+    """A project volume exists (not yet attached)."""
+
+    type: Literal["volume.created"] = "volume.created"
+    data: VolumeState
+
+
+class VolumeAttached(Event):
+    """The volume was mounted on an allocation (see `attachments`)."""
+
+    type: Literal["volume.attached"] = "volume.attached"
+    data: VolumeState
+
+
+class VolumeDetached(Event):
+    """The volume was unmounted from an allocation (explicitly or at release)."""
+
+    type: Literal["volume.detached"] = "volume.detached"
+    data: VolumeState
+
+
+class VolumeDeleted(Event):
+    """The volume and its data are gone."""
+
+    type: Literal["volume.deleted"] = "volume.deleted"
+    data: VolumeState
+
+
+EVENTS: tuple[type[Event], ...] = (
+    HostEnrolled,
+    HostUpdated,
+    HostCordoned,
+    HostHeartbeatLost,
+    AllocationRequested,
+    AllocationProvisioning,
+    AllocationActivated,
+    AllocationRestarting,
+    AllocationRestarted,
+    AllocationRestartFailed,
+    AllocationResizing,
+    AllocationResized,
+    AllocationResizeFailed,
+    AllocationReleaseRequested,
+    AllocationReleased,
+    AllocationFailed,
+    AllocationReleaseFailed,
+    SshGrantCreated,
+    SshGrantRevoked,
+    VolumeCreated,
+    VolumeAttached,
+    VolumeDetached,
+    VolumeDeleted,
+)

@@ -1,0 +1,32 @@
+"""`gpuaas.audit.v1`: one record per mutation in any service; identity stores and serves them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from gpuaas.contracts.envelope import Event, Payload
+
+
+class AuditRecord(Payload):
+    """One mutation: keyed by the resource it changed, so a resource's history stays ordered."""
+
+    aggregate_field = "resource_id"
+
+    service: str
+    action: str = Field(description="permission-style action, e.g. 'allocations.create'")
+    resource_type: str
+    resource_id: str
+    outcome: Literal["succeeded", "denied", "failed"] = "succeeded"
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+class AuditRecorded(Event):
+    type: Literal["audit.recorded"] = "audit.recorded"
+    data: AuditRecord
+
+
+EVENTS: tuple[type[Event], ...] = (AuditRecorded,)

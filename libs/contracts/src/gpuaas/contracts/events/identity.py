@@ -1,0 +1,144 @@
+"""`gpuaas.identity.v1`: tenants, projects, users, memberships, service accounts.
+
+Event-carried state transfer: every event holds the entity's full current state, so any
+service can rebuild its `gpuaas.kit.iam` projection from the topic alone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from pydantic import Field
+
+from gpuaas.contracts.enums import MembershipScope, Role
+from gpuaas.contracts.envelope import Event, Payload
+
+
+class TenantState(Payload):
+    aggregate_field = "tenant_id"
+
+    tenant_id: uuid.UUID
+    slug: str
+    name: str
+    status: Literal["active", "suspended"] = "active"
+
+
+class ProjectState(Payload):
+    aggregate_field = "project_id"
+
+    project_id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    archived: bool = False
+
+
+class UserState(Payload):
+    aggregate_field = "user_id"
+
+    user_id: uuid.UUID
+    email: str
+    display_name: str = ""
+    tenant_id: uuid.UUID | None = Field(default=None, description="home tenant; None for personal accounts")
+    status: Literal["active", "disabled"] = "active"
+
+
+class MembershipState(Payload):
+    """A role held by a user at platform, tenant or project scope. `revoked` ends it."""
+
+    aggregate_field = "membership_id"
+
+    membership_id: uuid.UUID
+    user_id: uuid.UUID
+    scope: MembershipScope
+    role: Role
+    tenant_id: uuid.UUID | None = None
+    project_id: uuid.UUID | None = None
+    revoked: bool = False
+
+
+class ServiceAccountState(Payload):
+    aggregate_field = "service_account_id"
+
+    service_account_id: uuid.UUID
+    tenant_id: uuid.UUID
+    project_id: uuid.UUID
+    name: str
+    scopes: list[str] = Field(default_factory=list)
+    disabled: bool = False
+
+
+class TenantCreated(Event):
+    type: Literal["tenant.created"] = "tenant.created"
+    data: TenantState
+
+
+class TenantUpdated(Event):
+    type: Literal["tenant.updated"] = "tenant.updated"
+    data: TenantState
+
+
+class ProjectCreated(Event):
+    type: Literal["project.created"] = "project.created"
+    data: ProjectState
+
+
+class ProjectUpdated(Event):
+    type: Literal["project.updated"] = "project.updated"
+    data: ProjectState
+
+
+class UserCreated(Event):
+    type: Literal["user.created"] = "user.created"
+    data: UserState
+
+
+class UserUpdated(Event):
+    type: Literal["user.updated"] = "user.updated"
+    data: UserState
+
+
+class MembershipGranted(Event):
+    type: Literal["membership.granted"] = "membership.granted"
+    data: MembershipState
+
+
+class MembershipChanged(Event):
+    type: Literal["membership.changed"] = "membership.changed"
+    data: MembershipState
+
+
+class MembershipRevoked(Event):
+    type: Literal["membership.revoked"] = "membership.revoked"
+    data: MembershipState
+
+
+class ServiceAccountCreated(Event):
+    type: Literal["service_account.created"] = "service_account.created"
+    data: ServiceAccountState
+
+
+class ServiceAccountUpdated(Event):
+    type: Literal["service_account.updated"] = "service_account.updated"
+    data: ServiceAccountState
+
+
+class ServiceAccountDisabled(Event):
+    type: Literal["service_account.disabled"] = "service_account.disabled"
+    data: ServiceAccountState
+
+
+EVENTS: tuple[type[Event], ...] = (
+    TenantCreated,
+    TenantUpdated,
+    ProjectCreated,
+    ProjectUpdated,
+    UserCreated,
+    UserUpdated,
+    MembershipGranted,
+    MembershipChanged,
+    MembershipRevoked,
+    ServiceAccountCreated,
+    ServiceAccountUpdated,
+    ServiceAccountDisabled,
+)

@@ -1,0 +1,168 @@
+"""The committed schemas: up to date, backward compatible, and the export command itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuaas.contracts import schemas
+from gpuaas.contracts.compat import breaking, compare_files, format_changes
+from gpuaas.contracts.registry import EVENT_TYPES, TOPICS
+from gpuaas.contracts.schemas_export import main as export
+
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
+EXPORT = "uv run python -m gpuaas.contracts.schemas_export"
+
+
+@pytest.fixture(scope="module")
+def generated() -> dict[str, dict[str, Any]]:
+    return schemas.generate()
+
+
+def test_committed_schemas_are_up_to_date(generated: dict[str, dict[str, Any]]) -> None:
+    committed = {p.relative_to(SCHEMA_DIR).as_posix() for p in SCHEMA_DIR.rglob("*.json")}
+    missing = sorted(generated.keys() - committed)
+    extra = sorted(committed - generated.keys())
+    changed = sorted(
+        path
+        for path in generated.keys() & committed
+        if (SCHEMA_DIR / path).read_text(encoding="utf-8") != schemas.dumps(generated[path])
+    )
+    assert not (missing or extra or changed), (
+        f"schemas in {SCHEMA_DIR} are stale (missing={missing}, extra={extra}, changed={changed}); "
+        f"run `{EXPORT}` and commit the result"
+    )
+
+
+def test_code_is_backward_compatible_with_committed_schemas(generated: dict[str, dict[str, Any]]) -> None:
+    broken = breaking(compare_files(schemas.load_dir(SCHEMA_DIR), generated))
+    assert not broken, (
+        "backward-incompatible contract change (add fields as optional, or publish a new topic version):\n"
+        + format_changes(broken)
+    )
+
+
+def _git(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["git", *args], cwd=SCHEMA_DIR.parent, input=stdin, capture_output=True, check=False)
+
+
+def _schemas_at(ref: str) -> dict[str, dict[str, Any]] | None:
+    """The schema files as committed at a git ref (None when git or the ref is unavailable)."""
+    top = _git("rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        return None
+    prefix = SCHEMA_DIR.relative_to(Path(top.stdout.decode().strip()).resolve()).as_posix()
+    listing = _git("ls-tree", "-r", "--name-only", ref, "--", prefix)
+    if listing.returncode != 0:
+        return None
+    paths = [p for p in listing.stdout.decode().splitlines() if p.endswith(".json")]
+    batch = _git("cat-file", "--batch", stdin="".join(f"{ref}:{p}\n" for p in paths).encode())
+    out, files = batch.stdout, {}
+    for path in paths:
+        header, _, out = out.partition(b"\n")
+        size = int(header.split()[2])
+        files[path[len(prefix) + 1 :]] = json.loads(out[:size])
+        out = out[size + 1 :]
+    return files
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_code_is_backward_compatible_with_the_git_baseline(generated: dict[str, dict[str, Any]]) -> None:
+    """Catches a breaking change even when the committed files were regenerated with it.
+
+    The baseline is `HEAD` locally; CI sets GPUAAS_CONTRACTS_BASELINE to the target branch
+    (e.g. `origin/main`) so that a pull request is compared with what is deployed.
+    """
+    ref = os.environ.get("GPUAAS_CONTRACTS_BASELINE", "HEAD")
+    baseline = _schemas_at(ref)
+    if not baseline:
+        if "GPUAAS_CONTRACTS_BASELINE" in os.environ:
+            pytest.fail(f"no committed schemas at GPUAAS_CONTRACTS_BASELINE={ref}")
+        pytest.skip(f"no committed schemas at {ref} yet")
+    broken = breaking(compare_files(baseline, generated))
+    assert not broken, f"backward-incompatible change since {ref}:\n" + format_changes(broken)
+
+
+def test_generation_is_deterministic(generated: dict[str, dict[str, Any]]) -> None:
+    again = schemas.generate()
+    assert {p: schemas.dumps(d) for p, d in again.items()} == {p: schemas.dumps(d) for p, d in generated.items()}
+
+
+def test_one_schema_per_event_type_and_per_topic(generated: dict[str, dict[str, Any]]) -> None:
+    event_files = {p for p in generated if p.startswith("events/")}
+    assert event_files == {f"events/{c.topic}/{t}.json" for t, c in EVENT_TYPES.items()}
+    assert {p for p in generated if p.startswith("topics/")} == {f"topics/{t}.json" for t in TOPICS}
+    for path in event_files:
+        doc = generated[path]
+        assert doc["properties"]["type"]["const"] == doc["x-gpuaas"]["type"]
+        assert "$schema" in doc
+    for name, topic in TOPICS.items():
+        doc = generated[f"topics/{name}.json"]
+        assert doc["x-gpuaas"]["event_types"] == sorted(topic.by_type)
+        assert len(doc["oneOf"]) == len(topic.events)
+
+
+def test_money_is_a_decimal_string_in_the_schema(generated: dict[str, dict[str, Any]]) -> None:
+    doc = generated["events/gpuaas.billing.v1/charge.posted.json"]
+    amount = doc["$defs"]["ChargeState"]["properties"]["amount"]
+    assert amount["type"] == "string"
+    assert amount["format"] == "decimal"
+
+
+# --- the export command -----------------------------------------------------------------------
+
+
+def test_export_writes_then_is_idempotent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert export(["--out", str(tmp_path)]) == 0
+    assert len(list(tmp_path.rglob("*.json"))) == len(schemas.generate())
+    text = (tmp_path / "asyncapi.json").read_text(encoding="utf-8")
+    assert text.endswith("}\n") and json.loads(text)["asyncapi"] == "3.0.0"
+
+    assert export(["--out", str(tmp_path)]) == 0
+    assert "0 file(s) updated" in capsys.readouterr().out
+    assert export(["--out", str(tmp_path), "--check"]) == 0
+
+
+def test_export_removes_files_no_longer_generated(tmp_path: Path) -> None:
+    export(["--out", str(tmp_path)])
+    leftover = tmp_path / "notes" / "old.json"
+    leftover.parent.mkdir()
+    leftover.write_text("{}\n")
+
+    assert export(["--out", str(tmp_path), "--check"]) == 1
+    assert export(["--out", str(tmp_path)]) == 0
+    assert not leftover.exists() and not leftover.parent.exists()
+
+
+def test_export_refuses_a_breaking_change(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    export(["--out", str(tmp_path)])
+    path = tmp_path / "events/gpuaas.allocations.v1/allocation.activated.json"
+    doc = json.loads(path.read_text())
+    # As if the committed contract had a field the code no longer has.
+    doc["$defs"]["AllocationState"]["properties"]["legacy_field"] = {"type": "string"}
+    path.write_text(schemas.dumps(doc))
+    capsys.readouterr()
+
+    assert export(["--out", str(tmp_path), "--check"]) == 1
+    assert export(["--out", str(tmp_path)]) == 2
+    assert "legacy_field" in path.read_text()
+    assert "data.legacy_field: field removed" in capsys.readouterr().err
+
+    assert export(["--out", str(tmp_path), "--allow-breaking"]) == 0
+    assert "legacy_field" not in path.read_text()
+
+
+def test_export_reports_stale_files_in_check_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    export(["--out", str(tmp_path)])
+    (tmp_path / "asyncapi.json").write_text("{}\n")
+
+    assert export(["--out", str(tmp_path), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "stale: asyncapi.json" in err
+    assert "gpuaas.contracts.schemas_export" in err
