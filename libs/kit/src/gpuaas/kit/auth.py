@@ -19,11 +19,12 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from gpuaas.contracts import Actor, ActorKind
-from gpuaas.kit.errors import Unauthorized
+from gpuaas.kit.errors import Unauthorized, Unavailable
 from gpuaas.kit.logging import get_logger
 
 log = get_logger(__name__)
 ALGORITHMS = ["ES256", "RS256"]
+QUERY_TOKEN_SUFFIXES = ("/stream", "/events", "/terminal")
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class JWKSCache:
                 if self._fetched_at == 0.0 or time.monotonic() - self._fetched_at > self.min_refresh_interval_s:
                     await self._refresh()
         if self._keys is None:
-            raise Unauthorized("token keys are not available yet", code="jwks_unavailable")
+            # Not the caller's fault: a 401 would make clients drop a perfectly good session.
+            raise Unavailable("token keys cannot be fetched from identity yet; retry shortly", code="jwks_unavailable")
         return self._keys
 
     def set(self, keys: dict[str, Any]) -> None:
@@ -132,7 +134,10 @@ def bearer_token(request: Request) -> str | None:
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value:
         return value.strip()
-    return request.query_params.get("access_token") if request.url.path.endswith("/stream") else None
+    # Browsers cannot set headers on EventSource/WebSocket: those paths may carry the token in the query.
+    if request.url.path.endswith(QUERY_TOKEN_SUFFIXES):
+        return request.query_params.get("access_token")
+    return None
 
 
 async def current_principal(request: Request) -> Principal:

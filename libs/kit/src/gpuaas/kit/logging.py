@@ -33,7 +33,7 @@ def configure_logging(service: str, level: str = "INFO", json: bool = True) -> N
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("aiokafka", "uvicorn.access"):
+    for noisy in ("aiokafka", "uvicorn.access", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

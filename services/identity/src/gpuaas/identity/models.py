@@ -93,7 +93,8 @@ audit_records = Table(
     # The audit event's id: unique, so the store can never hold a record twice.
     Column("event_id", UUID(as_uuid=True), nullable=False, unique=True),
     Column("occurred_at", DateTime(timezone=True), nullable=False),
-    _ts("stored_at"),
+    # clock_timestamp(): when this row was written, not when its batch transaction began.
+    Column("stored_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
     Column("service", Text, nullable=False),
     Column("actor_kind", Text, nullable=False),
     Column("actor_id", Text, nullable=False),

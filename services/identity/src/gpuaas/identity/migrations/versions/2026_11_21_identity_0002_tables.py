@@ -24,7 +24,7 @@ def upgrade() -> None:
         sa.Column("seq", sa.BigInteger(), sa.Identity(always=True), nullable=False),
         sa.Column("event_id", sa.UUID(), nullable=False),
         sa.Column("occurred_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("stored_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
+        sa.Column("stored_at", sa.DateTime(timezone=True), server_default=sa.text("clock_timestamp()"), nullable=False),
         sa.Column("service", sa.Text(), nullable=False),
         sa.Column("actor_kind", sa.Text(), nullable=False),
         sa.Column("actor_id", sa.Text(), nullable=False),

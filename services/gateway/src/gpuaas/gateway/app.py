@@ -1,0 +1,110 @@
+"""`create_app(settings)`: the gateway. No database, no broker: the lifespan owns the upstream
+connection pool and the JWKS cache; nothing is built at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from gpuaas.gateway import ops, proxy, websocket
+from gpuaas.gateway.docs import OpenAPIAggregator
+from gpuaas.gateway.ratelimit import TokenBucketLimiter
+from gpuaas.gateway.runtime import GatewayMetrics, GatewayRuntime, upstream_table
+from gpuaas.gateway.settings import Settings
+from gpuaas.kit.auth import JWKSCache, TokenVerifier
+from gpuaas.kit.errors import install_error_handlers
+from gpuaas.kit.http import BodyLimitMiddleware, CorrelationMiddleware
+from gpuaas.kit.logging import configure_logging, get_logger
+
+log = get_logger(__name__)
+VERSION = "0.1.0"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = GatewayMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        configure_logging(settings.service_name, settings.log_level, settings.log_json)
+        # httpx logs every request URL at INFO (query strings included): our `proxied` line replaces it.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        upstreams = upstream_table(settings.upstreams)
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=settings.upstream_max_connections,
+                max_keepalive_connections=settings.upstream_max_keepalive,
+            ),
+            # Cookies belong to the browser: never keep upstream Set-Cookie in the shared client.
+            cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+            follow_redirects=False,
+            trust_env=False,
+        )
+        jwks = JWKSCache(
+            settings.jwks_url, ttl_s=settings.jwks_ttl_s, min_refresh_interval_s=settings.jwks_min_refresh_s
+        )
+        app.state.gateway = GatewayRuntime(
+            settings=settings,
+            upstreams=upstreams,
+            client=client,
+            verifier=TokenVerifier(jwks, settings.jwt_issuer, settings.jwt_audience),
+            limiter=TokenBucketLimiter(
+                settings.rate_limit_per_s,
+                settings.rate_limit_burst,
+                prune_interval_s=settings.rate_limit_prune_interval_s,
+            ),
+            docs=OpenAPIAggregator(
+                client,
+                upstreams,
+                ttl_s=settings.docs_cache_ttl_s,
+                timeout_s=settings.docs_fetch_timeout_s,
+                version=VERSION,
+            ),
+            metrics=metrics,
+        )
+        log.info("gateway_started", port=settings.port, upstreams=settings.upstreams)
+        try:
+            yield
+        finally:
+            await client.aclose()
+
+    app = FastAPI(
+        title="GPUaaS gateway",
+        version=VERSION,
+        lifespan=lifespan,
+        openapi_url=None,  # /openapi.json and /docs are the aggregated ones (ops.py)
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(CorrelationMiddleware, metrics=metrics.service)
+    app.include_router(ops.router)
+    app.include_router(proxy.router)
+    app.include_router(websocket.router)
+    return app
+
+
+def server_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """How uvicorn runs the gateway (also used by the tests)."""
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_config": None,  # configure_logging (lifespan) renders uvicorn's records as JSON
+        "access_log": False,  # one `proxied` line per request instead, without query strings (tokens)
+        "proxy_headers": False,  # X-Forwarded-* are handled by the gateway (settings.trusted_proxies)
+        "server_header": False,
+        "ws_max_size": settings.ws_max_message_bytes,
+        "timeout_graceful_shutdown": settings.shutdown_grace_s,
+        "lifespan": "on",
+    }
+    return uvicorn.Config(app, **(options | overrides))

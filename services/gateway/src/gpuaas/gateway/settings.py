@@ -1,0 +1,66 @@
+"""Settings of the gateway (env prefix `GPUAAS_GATEWAY_`; JWKS/issuer/audience are the shared `GPUAAS_*`).
+
+The gateway has no database and no broker: the inherited database/Kafka fields are unused.
+"""
+
+from __future__ import annotations
+
+from pydantic import field_validator
+
+from gpuaas.kit.settings import ServiceSettings, service_config
+
+DEFAULT_UPSTREAMS = {
+    "identity": "http://127.0.0.1:8001",
+    "allocations": "http://127.0.0.1:8002",
+    "catalog": "http://127.0.0.1:8003",
+    "app_runtime": "http://127.0.0.1:8004",
+    "metering": "http://127.0.0.1:8005",
+    "billing": "http://127.0.0.1:8006",
+}
+
+
+class Settings(ServiceSettings):
+    model_config = service_config("gateway")
+
+    service_name: str = "gateway"
+    port: int = 8000
+
+    # Service name -> base URL. `GPUAAS_GATEWAY_UPSTREAMS` is JSON and replaces the whole map.
+    # The public path segment is the name with `_` turned into `-` (app_runtime -> /api/app-runtime/).
+    upstreams: dict[str, str] = dict(DEFAULT_UPSTREAMS)
+    upstream_connect_timeout_s: float = 5.0
+    # Longest wait for the upstream's response headers, and between two body chunks (-> 504).
+    upstream_timeout_s: float = 30.0
+    # Same, for event streams (SSE) where silence between events is normal.
+    stream_idle_timeout_s: float = 300.0
+    upstream_max_connections: int = 1000
+    upstream_max_keepalive: int = 100
+
+    # Token bucket per principal (token `sub`, else client IP); rate <= 0 turns limiting off.
+    rate_limit_per_s: float = 50.0
+    rate_limit_burst: int = 100
+    rate_limit_prune_interval_s: float = 60.0
+
+    # Peers whose X-Forwarded-For/-Proto/-Host are believed (a load balancer in front). Empty: none.
+    trusted_proxies: list[str] = []
+
+    jwks_ttl_s: float = 300.0
+    # A token with an unknown `kid` refetches the JWKS at most this often (key rotation).
+    jwks_min_refresh_s: float = 5.0
+
+    docs_cache_ttl_s: float = 30.0
+    docs_fetch_timeout_s: float = 3.0
+    readiness_timeout_s: float = 2.0
+
+    ws_max_message_bytes: int = 16 * 1024 * 1024
+    ws_open_timeout_s: float = 10.0
+    # On shutdown, open streams (SSE, WebSocket) get this long before they are cut.
+    shutdown_grace_s: int = 10
+
+    @field_validator("upstreams")
+    @classmethod
+    def _check_upstreams(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {name!r} must be an http(s) URL, got {url!r}")
+        return {name: url.rstrip("/") for name, url in value.items()}
