@@ -13,7 +13,7 @@ from sqlalchemy import text
 from gpuaas.kit.auth import CurrentPrincipal
 from gpuaas.kit.errors import Conflict
 
-from .support import build, new_service_db, running
+from gpuaas.kit.testing import build, new_service_db, running
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from gpuaas.kit.db import create_engine, session_factory
 from gpuaas.kit.errors import Forbidden, NotFound
 from gpuaas.kit.iam import PERMISSIONS, SCOPE_ACTIONS, apply_locally, authorize, visible_project_ids
 
-from .support import new_service_db
+from gpuaas.kit.testing import new_service_db
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from gpuaas.kit.outbox import add_events
 from gpuaas.kit.relay import OutboxRelay, replay
 from gpuaas.kit.subscriptions import Subscriptions
 
-from .support import build, new_service_db, running, wait_for
+from gpuaas.kit.testing import build, new_service_db, running, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -44,6 +44,8 @@ class ServiceSettings(BaseSettings):
     consumer_batch_size: int = 500
     consumer_max_attempts: int = 3
     consumer_commit_timeout_s: float = 10.0
+    # Defaults to the service name: one consumer group per service (Tansu joins are slow per group).
+    consumer_group: str = ""
     run_consumers: bool = True
     run_relay: bool = True
 

@@ -1,4 +1,5 @@
-"""Helpers for kit integration tests: a throwaway service schema and an in-process app."""
+"""Test support for any service: a throwaway service schema with the kit tables, and an in-process app
+with its lifespan running (real Postgres, real broker). Used by the kit's and the services' tests."""
 
 from __future__ import annotations
 
@@ -17,12 +18,29 @@ from gpuaas.kit.provision import ensure_service_schema
 from gpuaas.kit.settings import ServiceSettings
 
 
-async def new_service_db(admin_url: str, prefix: str) -> tuple[str, str]:
-    """Provision a fresh role+schema with the kit tables; return (name, service url)."""
+async def new_service_db(admin_url: str, prefix: str, spec: ServiceSpec | None = None) -> tuple[str, str]:
+    """Provision a fresh role+schema migrated with the kit tables (and the spec's own migrations);
+    return (schema name, service url)."""
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     url = await ensure_service_schema(admin_url, name, "pw-" + name)
-    await asyncio.to_thread(upgrade, url, name, None, None)
+    versions, metadata = (spec.versions_dir, spec.metadata) if spec else (None, None)
+    await asyncio.to_thread(upgrade, url, name, versions, metadata)
     return name, url
+
+
+async def service_app(spec: ServiceSpec, admin_url: str, bootstrap: str, **overrides: Any) -> FastAPI:
+    """A real service app (its own routers, handlers, migrations) on a fresh schema of the test database.
+
+    Each app gets its own consumer group, so apps of the same service in one test session never share
+    partitions; it reads the identity topic from the start like a new deployment would.
+    """
+    schema, url = await new_service_db(admin_url, spec.name, spec)
+    settings = spec.settings_cls(
+        database_url=url, db_schema=schema, kafka_bootstrap=bootstrap, consumer_group=schema,
+        jwt_issuer="http://test-issuer/api/identity", kafka_session_timeout_ms=6000, outbox_poll_interval_s=0.5,
+        log_json=False, **overrides,
+    )
+    return create_app(settings, spec)
 
 
 def settings_for(name: str, url: str, bootstrap: str, **overrides: Any) -> ServiceSettings:
