@@ -71,6 +71,8 @@ class KitRuntime:
     broker_ready: bool = False
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
+    # Set when the service shuts down: background loops wait on it instead of sleeping.
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
@@ -158,6 +160,7 @@ async def _run_messaging(kit: KitRuntime) -> None:
     if s.run_consumers and kit.subscriptions.topics:
         kit.consumer = EventConsumer(
             name=kit.spec.name,
+            group_id=s.consumer_group or kit.spec.name,
             bootstrap=s.kafka_bootstrap,
             subscriptions=kit.subscriptions,
             sessions=kit.sessions,
@@ -172,6 +175,7 @@ async def _run_messaging(kit: KitRuntime) -> None:
 
 
 async def _shutdown(kit: KitRuntime) -> None:
+    kit.stopping.set()
     if kit.consumer:
         kit.consumer.stop()
     if kit.relay:

@@ -49,8 +49,10 @@ class EventConsumer:
         session_timeout_ms: int = 6000,
         heartbeat_interval_ms: int = 1000,
         commit_timeout_s: float = 10.0,
+        group_id: str | None = None,
     ) -> None:
         self.name = name
+        self.group_id = group_id or name
         self.bootstrap = bootstrap
         self.subs = subscriptions
         self.sessions = sessions
@@ -78,7 +80,7 @@ class EventConsumer:
             self.consumer = AIOKafkaConsumer(
                 *topics,
                 bootstrap_servers=self.bootstrap,
-                group_id=self.name,
+                group_id=self.group_id,
                 client_id=f"{self.name}-consumer",
                 enable_auto_commit=False,
                 # Tansu's end offsets are wrong: new groups start at the beginning; the inbox dedupes.

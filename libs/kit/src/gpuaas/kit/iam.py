@@ -78,9 +78,12 @@ PERMISSIONS: dict[str, frozenset[Role]] = {
     "metering.usage.write": SERVICE_ACCOUNT_ONLY,
     # metering / billing
     "metering.usage.read": READ,
+    "metering.usage.backfill": OPERATOR,
     "billing.read": frozenset({P, T, PA}),
     "billing.price.manage": OPERATOR,
     "billing.budget.manage": TENANT_ADMIN,
+    "billing.breakdown.read": OPERATOR,
+    "billing.statement.close": OPERATOR,
     # every service: operator admin surface (dead letters, outbox replay)
     "platform.admin": OPERATOR,
 }

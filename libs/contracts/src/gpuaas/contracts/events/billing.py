@@ -68,6 +68,8 @@ class ChargeState(Payload):
     usage_start: Timestamp
     usage_end: Timestamp
     posted_at: Timestamp
+    period_start: Timestamp | None = Field(default=None, description="the billing period the charge counts in")
+    transaction_id: uuid.UUID | None = Field(default=None, description="the ledger transaction of this charge")
 
 
 class BudgetThreshold(Payload):

@@ -51,6 +51,15 @@ class MeterState(Payload):
     changed_at: Timestamp | None = Field(default=None, description="last resize")
     closed_at: Timestamp | None = Field(default=None, description="the release request time")
     version: int = Field(ge=1)
+    billed_until: Timestamp | None = Field(
+        default=None, description="end of the last usage window recorded (GPU time before it is in usage records)"
+    )
+    close_reason: str | None = Field(default=None, description="why the meter closed, e.g. 'release_requested'")
+    suspended_at: Timestamp | None = Field(
+        default=None, description="billing paused here (host heartbeat lost beyond the grace period)"
+    )
+    suspend_reason: str | None = Field(default=None, description="why billing is paused, human-readable")
+    resumed_at: Timestamp | None = Field(default=None, description="last time billing resumed after a suspension")
 
 
 class UsageRecord(Payload):
@@ -117,6 +126,21 @@ class MeterClosed(Event):
     data: MeterState
 
 
+class MeterSuspended(Event):
+    """The allocation's host stopped heartbeating: GPU time stops at `suspended_at` (last heartbeat +
+    grace) until the host is back; `suspend_reason` says why."""
+
+    type: Literal["meter.suspended"] = "meter.suspended"
+    data: MeterState
+
+
+class MeterResumed(Event):
+    """The host is heartbeating again: GPU time counts again from `resumed_at`."""
+
+    type: Literal["meter.resumed"] = "meter.resumed"
+    data: MeterState
+
+
 class UsageRecorded(Event):
     """A closed usage window, to be charged once by billing."""
 
@@ -131,4 +155,12 @@ class AppUsageRecorded(Event):
     data: AppUsageRecord
 
 
-EVENTS: tuple[type[Event], ...] = (MeterOpened, MeterChanged, MeterClosed, UsageRecorded, AppUsageRecorded)
+EVENTS: tuple[type[Event], ...] = (
+    MeterOpened,
+    MeterChanged,
+    MeterClosed,
+    UsageRecorded,
+    AppUsageRecorded,
+    MeterSuspended,
+    MeterResumed,
+)
