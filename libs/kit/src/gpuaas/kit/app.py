@@ -124,8 +124,8 @@ def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(CorrelationMiddleware, metrics=metrics)
     _add_health(app, metrics)
-    app.include_router(admin.router)
-    for router in spec.routers:
+    for router in [admin.router, *spec.routers]:
+        iam.route_actions(router)  # before inclusion: included routers are not walked afterwards
         app.include_router(router)
     return app
 

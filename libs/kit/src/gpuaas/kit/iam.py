@@ -51,6 +51,13 @@ PERMISSIONS: dict[str, frozenset[Role]] = {
     "identity.service_account.manage": ADMIN,
     "identity.idp.manage": TENANT_ADMIN,
     "identity.audit.read": TENANT_ADMIN,
+    "identity.user.read": TENANT_ADMIN,
+    "identity.user.manage": TENANT_ADMIN,
+    "identity.member.read": READ,
+    "identity.service_account.read": ADMIN,
+    "identity.platform_admin.manage": OPERATOR,
+    "identity.key.rotate": OPERATOR,
+    "identity.oauth_client.manage": OPERATOR,
     # allocations
     "allocations.read": READ,
     "allocations.create": WRITE,
@@ -242,7 +249,35 @@ def require(action: str) -> Callable[[Request], Coroutine[Any, Any, Principal]]:
             await authorize(session, principal, action, tenant_id=tenant_id, project_id=project_id)
         return principal
 
+    dependency.__gpuaas_action__ = action  # type: ignore[attr-defined]  # read by `route_actions`
     return dependency
+
+
+ACTION_EXTENSION = "x-gpuaas-action"
+
+
+def route_actions(router: Any) -> None:
+    """Publish each route's permission action in its OpenAPI operation (`x-gpuaas-action`), taken from
+    its `require(action)` dependency unless the route already declares one. The permission-matrix test
+    reads it through the gateway's aggregated /openapi.json."""
+    from fastapi.routing import APIRoute
+
+    def find(dependant: Any) -> str | None:
+        for dep in dependant.dependencies:
+            action = getattr(dep.call, "__gpuaas_action__", None) or find(dep)
+            if action:
+                return action
+        return None
+
+    for route in router.routes:
+        if not isinstance(route, APIRoute):
+            continue
+        extra = dict(route.openapi_extra or {})
+        if ACTION_EXTENSION in extra:
+            continue
+        if action := find(route.dependant):
+            extra[ACTION_EXTENSION] = action
+            route.openapi_extra = extra
 
 
 def _uuid_or_404(value: str | None) -> uuid.UUID | None:

@@ -10,13 +10,14 @@ from sqlalchemy import (
     ForeignKey,
     Identity,
     Index,
+    Integer,
     MetaData,
     Table,
     Text,
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from gpuaas.kit.db import NAMING_CONVENTION
 
@@ -69,6 +70,9 @@ users = Table(
     Column("password_hash", Text),
     Column("status", Text, nullable=False),
     _ts("created_at"),
+    # Asserted by an admin at creation, or by the enterprise IdP (`email_verified` claim) at federation.
+    Column("email_verified", Boolean, nullable=False, server_default="false"),
+    _ts("last_login_at", nullable=True),
 )
 Index("uq_users_email_lower", func.lower(users.c.email), unique=True)
 
@@ -109,4 +113,132 @@ audit_records = Table(
     Column("reason", Text),
     Column("correlation_id", Text),
     Index("ix_audit_records_occurred_at", "occurred_at"),
+)
+
+
+# Brute-force protection: failures per key (`acct:<email>` or `ip:<address>`) in a sliding window.
+login_throttle = Table(
+    "login_throttle",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("window_started_at", DateTime(timezone=True), nullable=False),
+    Column("locked_until", DateTime(timezone=True)),
+)
+
+# A login session = one refresh-token family. Revoking it ends every refresh token of the family.
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("session_id", UUID(as_uuid=True), primary_key=True),
+    Column("user_id", UUID(as_uuid=True), ForeignKey("users.user_id"), nullable=False, index=True),
+    Column("method", Text, nullable=False),  # password | sso
+    Column("idp_id", UUID(as_uuid=True)),
+    Column("user_agent", Text),
+    Column("client_ip", Text),
+    _ts("created_at"),
+    _ts("last_used_at"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    _ts("revoked_at", nullable=True),
+    Column("revoked_reason", Text),
+)
+
+refresh_tokens = Table(
+    "refresh_tokens",
+    metadata,
+    Column("token_hash", Text, primary_key=True),  # sha256 of the opaque token; the token is never stored
+    Column("session_id", UUID(as_uuid=True), ForeignKey("sessions.session_id"), nullable=False, index=True),
+    _ts("created_at"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    # Set when the token is exchanged; presenting it again is reuse and revokes the whole session.
+    _ts("used_at", nullable=True),
+)
+
+service_accounts = Table(
+    "service_accounts",
+    metadata,
+    Column("service_account_id", UUID(as_uuid=True), primary_key=True),  # also the OAuth client_id
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.tenant_id"), nullable=False),
+    Column("project_id", UUID(as_uuid=True), ForeignKey("projects.project_id"), nullable=False, index=True),
+    Column("name", Text, nullable=False),
+    Column("scopes", ARRAY(Text), nullable=False),
+    Column("secret_hash", Text, nullable=False),  # sha256 of a 256-bit random secret
+    Column("disabled", Boolean, nullable=False, server_default="false"),
+    _ts("created_at"),
+    _ts("secret_rotated_at"),
+    UniqueConstraint("project_id", "name", name="uq_service_accounts_project_name"),
+)
+
+identity_providers = Table(
+    "identity_providers",
+    metadata,
+    Column("idp_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.tenant_id"), nullable=False, index=True),
+    Column("name", Text, nullable=False),
+    Column("issuer", Text, nullable=False),
+    Column("client_id", Text, nullable=False),
+    Column("client_secret", Text),
+    Column("default_role", Text),
+    Column("enforce_sso", Boolean, nullable=False, server_default="false"),
+    Column("enabled", Boolean, nullable=False, server_default="true"),
+    _ts("created_at"),
+)
+
+# A domain is owned by exactly one identity provider (so by one tenant): the primary key enforces it.
+idp_domains = Table(
+    "idp_domains",
+    metadata,
+    Column("domain", Text, primary_key=True),
+    Column("idp_id", UUID(as_uuid=True), ForeignKey("identity_providers.idp_id"), nullable=False, index=True),
+)
+
+federated_identities = Table(
+    "federated_identities",
+    metadata,
+    Column("idp_id", UUID(as_uuid=True), ForeignKey("identity_providers.idp_id"), primary_key=True),
+    Column("subject", Text, primary_key=True),
+    Column("user_id", UUID(as_uuid=True), ForeignKey("users.user_id"), nullable=False, index=True),
+    Column("email", Text, nullable=False),
+    Column("link_method", Text, nullable=False),
+    _ts("linked_at"),
+)
+
+# Pending SSO logins (authorization code + PKCE): single use, short-lived.
+sso_states = Table(
+    "sso_states",
+    metadata,
+    Column("state", Text, primary_key=True),
+    Column("idp_id", UUID(as_uuid=True), ForeignKey("identity_providers.idp_id"), nullable=False),
+    Column("code_verifier", Text, nullable=False),
+    Column("nonce", Text, nullable=False),
+    Column("redirect_uri", Text, nullable=False),
+    _ts("created_at"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    _ts("used_at", nullable=True),
+)
+
+# Relying parties of this identity service acting as an OIDC provider (authorization code + PKCE).
+oauth_clients = Table(
+    "oauth_clients",
+    metadata,
+    Column("client_id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("secret_hash", Text),  # None: a public client (PKCE only)
+    Column("redirect_uris", ARRAY(Text), nullable=False),
+    _ts("created_at"),
+)
+
+authorization_codes = Table(
+    "authorization_codes",
+    metadata,
+    Column("code_hash", Text, primary_key=True),
+    Column("client_id", Text, ForeignKey("oauth_clients.client_id"), nullable=False),
+    Column("user_id", UUID(as_uuid=True), ForeignKey("users.user_id"), nullable=False),
+    Column("redirect_uri", Text, nullable=False),
+    Column("code_challenge", Text, nullable=False),
+    Column("nonce", Text),
+    Column("scope", Text, nullable=False),
+    _ts("created_at"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    _ts("used_at", nullable=True),
 )

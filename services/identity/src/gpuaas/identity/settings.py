@@ -13,6 +13,21 @@ class Settings(ServiceSettings):
     # The issuer URL clients see (through the gateway); tokens carry it as `iss`.
     public_url: str = "http://127.0.0.1:8000/api/identity"
     access_token_ttl_s: int = 900
+    # Refresh tokens rotate on every use; a session (refresh-token family) ends at the latest after this.
+    refresh_token_ttl_s: int = 14 * 24 * 3600
+    session_max_age_s: int = 30 * 24 * 3600
+    id_token_ttl_s: int = 300
+    authorization_code_ttl_s: int = 60
+    sso_state_ttl_s: int = 600
+    # Brute-force protection: per account (email) and per source address, over a sliding window.
+    lockout_threshold: int = 5
+    lockout_window_s: int = 900
+    lockout_s: int = 300
+    source_threshold: int = 50
+    # Peers whose X-Forwarded-For is believed (the gateway). Its last hop is the caller's address.
+    trusted_proxies: list[str] = ["127.0.0.1", "::1"]
+    # Timeout of calls to enterprise identity providers (discovery, token exchange, JWKS).
+    idp_timeout_s: float = 10.0
     # First platform operator, created at first start when no user has this email.
     bootstrap_admin_email: str | None = None
     bootstrap_admin_password: SecretStr | None = None

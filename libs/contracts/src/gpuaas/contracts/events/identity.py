@@ -68,6 +68,45 @@ class ServiceAccountState(Payload):
     disabled: bool = False
 
 
+class IdentityProviderState(Payload):
+    """A tenant's enterprise OIDC identity provider and the email domains the tenant owns through it."""
+
+    aggregate_field = "idp_id"
+
+    idp_id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    issuer: str
+    domains: list[str] = Field(default_factory=list)
+    default_role: Role | None = None
+    enforce_sso: bool = False
+    enabled: bool = True
+
+
+class FederatedIdentityState(Payload):
+    """A user's link to a subject at a tenant's identity provider (brokered identity linking)."""
+
+    aggregate_field = "user_id"
+
+    user_id: uuid.UUID
+    tenant_id: uuid.UUID
+    idp_id: uuid.UUID
+    subject: str
+    email: str
+    link_method: Literal["verified_email", "jit"]
+
+
+class SessionState(Payload):
+    """A login session (refresh-token family). Revocation ends every token of the family."""
+
+    aggregate_field = "session_id"
+
+    session_id: uuid.UUID
+    user_id: uuid.UUID
+    revoked: bool = False
+    revoked_reason: str | None = None
+
+
 class TenantCreated(Event):
     type: Literal["tenant.created"] = "tenant.created"
     data: TenantState
@@ -128,6 +167,26 @@ class ServiceAccountDisabled(Event):
     data: ServiceAccountState
 
 
+class IdentityProviderCreated(Event):
+    type: Literal["identity_provider.created"] = "identity_provider.created"
+    data: IdentityProviderState
+
+
+class IdentityProviderUpdated(Event):
+    type: Literal["identity_provider.updated"] = "identity_provider.updated"
+    data: IdentityProviderState
+
+
+class FederatedIdentityLinked(Event):
+    type: Literal["federated_identity.linked"] = "federated_identity.linked"
+    data: FederatedIdentityState
+
+
+class SessionRevoked(Event):
+    type: Literal["session.revoked"] = "session.revoked"
+    data: SessionState
+
+
 EVENTS: tuple[type[Event], ...] = (
     TenantCreated,
     TenantUpdated,
@@ -141,4 +200,8 @@ EVENTS: tuple[type[Event], ...] = (
     ServiceAccountCreated,
     ServiceAccountUpdated,
     ServiceAccountDisabled,
+    IdentityProviderCreated,
+    IdentityProviderUpdated,
+    FederatedIdentityLinked,
+    SessionRevoked,
 )
