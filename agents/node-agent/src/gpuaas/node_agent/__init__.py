@@ -1,2 +1,4 @@
-"""gpuaas.node_agent: the host daemon that dials out to allocations (register, inventory, heartbeat,
-tasks). Built with the allocations issue; the package exists so the workspace layout is complete."""
+"""gpuaas.node_agent: the host daemon. It dials out to allocations (register, heartbeat, long-poll
+tasks, report progress), provisions per-allocation workspaces and serves their SSH endpoint."""
+
+__version__ = "0.1.0"

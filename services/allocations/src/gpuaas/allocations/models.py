@@ -1,8 +1,27 @@
-"""Allocations' tables (schema `allocations`). Hosts first; allocations, timeline, keys and grants follow."""
+"""Allocations' tables (schema `allocations`).
+
+Capacity is guarded by `gpu_assignments`: its primary key (host_id, gpu_index) makes a GPU
+impossible to hand out twice, whatever the placement code does; placement additionally locks the
+host row so concurrent requests queue instead of failing on the key.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, Integer, MetaData, Table, Text, func
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from gpuaas.kit.db import NAMING_CONVENTION
@@ -21,5 +40,179 @@ hosts = Table(
     # Only a hash of the node token is kept; the agent presents the token to register.
     Column("node_token_hash", Text, nullable=False),
     Column("version", Integer, nullable=False, server_default="1"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("inventory_source", Text, nullable=False, server_default="declared"),
+    Column("agent_version", Text),
+    Column("last_heartbeat_at", DateTime(timezone=True)),
+    Column("cordon_reason", Text),
+    # Where the agent's SSH endpoint listens (host sshd or the agent's own asyncssh server).
+    Column("ssh_host", Text),
+    Column("ssh_port", Integer),
+    # Status to return to when heartbeats resume (ready or cordoned).
+    Column("status_before_unreachable", Text),
+)
+
+allocations = Table(
+    "allocations",
+    metadata,
+    Column("allocation_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("project_id", UUID(as_uuid=True), nullable=False, index=True),
+    Column("owner_user_id", UUID(as_uuid=True)),
+    Column("name", Text, nullable=False, server_default=""),
+    Column("shape", Text, nullable=False),
+    Column("gpu_model", Text, nullable=False),
+    Column("gpu_count", Integer, nullable=False),
+    Column("gpu_indices", JSONB, nullable=False, server_default="[]"),
+    Column("host_id", UUID(as_uuid=True), ForeignKey("hosts.host_id"), index=True),
+    Column("host_class", Text),
+    Column("status", Text, nullable=False),
+    Column("status_changed_at", DateTime(timezone=True), nullable=False),
+    Column("failure_reason", Text),
+    Column("target_gpu_count", Integer),
+    Column("target_gpu_indices", JSONB),
+    Column("ssh_username", Text, nullable=False),
+    Column("ssh_host", Text),
+    Column("ssh_port", Integer),
+    Column("requested_at", DateTime(timezone=True), nullable=False),
+    Column("activated_at", DateTime(timezone=True)),
+    Column("release_requested_at", DateTime(timezone=True)),
+    Column("billing_stopped_at", DateTime(timezone=True)),
+    Column("released_at", DateTime(timezone=True)),
+    Column("release_attempts", Integer, nullable=False, server_default="0"),
+    Column("attention", Text),
+    # Release saga: set while waiting for app-runtime's release clearance (members on it).
+    Column("awaiting_clearance_since", DateTime(timezone=True)),
+    Column("version", Integer, nullable=False, server_default="1"),
+)
+
+gpu_assignments = Table(
+    "gpu_assignments",
+    metadata,
+    Column("host_id", UUID(as_uuid=True), ForeignKey("hosts.host_id"), primary_key=True),
+    Column("gpu_index", Integer, primary_key=True),
+    Column("allocation_id", UUID(as_uuid=True), ForeignKey("allocations.allocation_id"), nullable=False, index=True),
+)
+
+timeline = Table(
+    "timeline",
+    metadata,
+    Column("seq", BigInteger, Identity(), primary_key=True),
+    Column("entry_id", UUID(as_uuid=True), nullable=False, unique=True),
+    Column("allocation_id", UUID(as_uuid=True), nullable=False),
+    Column("phase", Text, nullable=False),
+    Column("status", Text, nullable=False),  # started | succeeded | failed | info
+    Column("message", Text, nullable=False, server_default=""),
+    Column("task_id", UUID(as_uuid=True)),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+    Index("ix_timeline_allocation_seq", "allocation_id", "seq"),
+)
+
+agent_tasks = Table(
+    "agent_tasks",
+    metadata,
+    Column("seq", BigInteger, Identity(), primary_key=True),
+    Column("task_id", UUID(as_uuid=True), nullable=False, unique=True),
+    Column("host_id", UUID(as_uuid=True), ForeignKey("hosts.host_id"), nullable=False),
+    Column("allocation_id", UUID(as_uuid=True)),
+    Column("kind", Text, nullable=False),
+    Column("payload", JSONB, nullable=False, server_default="{}"),
+    Column("status", Text, nullable=False),  # pending | leased | succeeded | failed
+    Column("lease_token", UUID(as_uuid=True)),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("result", JSONB),
+    Column("error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+    Index("ix_agent_tasks_open", "host_id", "seq", postgresql_where=text("status IN ('pending', 'leased')")),
+)
+
+ssh_keys = Table(
+    "ssh_keys",
+    metadata,
+    Column("key_id", UUID(as_uuid=True), primary_key=True),
+    Column("user_id", UUID(as_uuid=True), nullable=False, index=True),
+    Column("name", Text, nullable=False),
+    Column("public_key", Text, nullable=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("uq_ssh_keys_user_fingerprint", "user_id", "fingerprint", unique=True),
+)
+
+ssh_grants = Table(
+    "ssh_grants",
+    metadata,
+    Column("grant_id", UUID(as_uuid=True), primary_key=True),
+    Column("allocation_id", UUID(as_uuid=True), ForeignKey("allocations.allocation_id"), nullable=False, index=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("project_id", UUID(as_uuid=True), nullable=False),
+    Column("origin", Text, nullable=False),
+    Column("user_id", UUID(as_uuid=True)),
+    Column("access_grant_id", UUID(as_uuid=True)),
+    Column("public_key", Text, nullable=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("granted_by", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True)),
+    Column("version", Integer, nullable=False, server_default="1"),
+)
+
+volumes = Table(
+    "volumes",
+    metadata,
+    Column("volume_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("project_id", UUID(as_uuid=True), nullable=False, index=True),
+    Column("name", Text, nullable=False),
+    Column("size_gb", Integer, nullable=False),
+    Column("persist", Boolean, nullable=False),
+    Column("access_mode", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("version", Integer, nullable=False, server_default="1"),
+)
+
+volume_attachments = Table(
+    "volume_attachments",
+    metadata,
+    Column("volume_id", UUID(as_uuid=True), ForeignKey("volumes.volume_id"), primary_key=True),
+    Column("allocation_id", UUID(as_uuid=True), ForeignKey("allocations.allocation_id"), primary_key=True),
+    Column("mount_path", Text, nullable=False),
+    Column("exclusive", Boolean, nullable=False),
+    Column("attached_at", DateTime(timezone=True), nullable=False),
+    # A single_writer volume has at most one attachment, whatever races the API loses.
+    Index("uq_volume_attachments_single_writer", "volume_id", unique=True, postgresql_where=text("exclusive")),
+)
+
+quotas = Table(
+    "quotas",
+    metadata,
+    Column("project_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("max_gpus", Integer, nullable=False),
+    Column("version", Integer, nullable=False, server_default="1"),
+)
+
+# Projection of app-runtime members (which allocations have app members that must stop first).
+app_members = Table(
+    "app_members",
+    metadata,
+    Column("member_id", UUID(as_uuid=True), primary_key=True),
+    Column("allocation_id", UUID(as_uuid=True), nullable=False, index=True),
+    Column("status", Text, nullable=False),
+    Column("tombstoned", Boolean, nullable=False),
+    Column("version", Integer, nullable=False),
+)
+
+# The platform SSH CA: signs the short-lived certificates of browser terminal sessions.
+platform_keys = Table(
+    "platform_keys",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("private_key", Text, nullable=False),
+    Column("public_key", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

@@ -8,3 +8,16 @@ class Settings(ServiceSettings):
 
     service_name: str = "allocations"
     port: int = 8002
+
+    # Agents: how often they heartbeat, after how long without one a host is `unreachable`,
+    # how long a leased task stays with an agent without progress, and the long-poll cap.
+    agent_heartbeat_interval_s: float = 5.0
+    agent_heartbeat_timeout_s: float = 30.0
+    agent_task_lease_s: float = 60.0
+    agent_long_poll_max_s: float = 25.0
+    # Release saga: how long to wait for app-runtime's release clearance before releasing anyway
+    # (recorded on the timeline as forced).
+    release_clearance_timeout_s: float = 300.0
+    reconcile_interval_s: float = 2.0
+    # Browser terminal: lifetime of the platform's per-session SSH certificate.
+    terminal_cert_ttl_s: int = 120

@@ -92,6 +92,9 @@ class AllocationState(Payload):
     )
     released_at: Timestamp | None = None
     release_attempts: int = Field(default=0, ge=0)
+    attention: str | None = Field(
+        default=None, description="a visible condition that needs attention, e.g. the host stopped heartbeating"
+    )
     version: int = Field(ge=1)
 
 
@@ -266,6 +269,13 @@ class AllocationReleaseFailed(Event):
     data: AllocationState
 
 
+class AllocationAttentionChanged(Event):
+    """`attention` was set or cleared (e.g. its host stopped or resumed heartbeating); status unchanged."""
+
+    type: Literal["allocation.attention_changed"] = "allocation.attention_changed"
+    data: AllocationState
+
+
 class SshGrantCreated(Event):
     """A public key was granted access to an allocation."""
 
@@ -326,6 +336,7 @@ EVENTS: tuple[type[Event], ...] = (
     AllocationReleased,
     AllocationFailed,
     AllocationReleaseFailed,
+    AllocationAttentionChanged,
     SshGrantCreated,
     SshGrantRevoked,
     VolumeCreated,

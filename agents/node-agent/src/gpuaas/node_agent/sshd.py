@@ -1,0 +1,228 @@
+"""The SSH endpoint the agent serves for its allocations (asyncssh; works unprivileged).
+
+The user name is the allocation's account. Public keys are checked against the allocation's
+`authorized_keys`, read at every login (a revoked grant is refused at once), plus the platform CA
+(`cert-authority`) whose short-lived certificates the browser terminal uses. Sessions run in the
+allocation's workspace with its environment (CUDA_VISIBLE_DEVICES, HOME, the allocation marker);
+with a pty when asked (pty.openpty + TIOCSWINSZ + a new session + TIOCSCTTY).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import pty
+import shutil
+import struct
+import subprocess
+import termios
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from gpuaas.node_agent.workspace import Workspace, Workspaces
+
+SHELL = shutil.which("bash") or "/bin/sh"
+
+
+class Endpoint:
+    def __init__(self, workspaces: Workspaces, host_key_path: Path, ca_key: Callable[[], str | None]) -> None:
+        self.workspaces = workspaces
+        self.host_key_path = host_key_path
+        self.ca_key = ca_key
+        self.connections: dict[str, set[asyncssh.SSHServerConnection]] = {}
+        self.server: asyncssh.SSHAcceptor | None = None
+
+    def _host_key(self) -> asyncssh.SSHKey:
+        if not self.host_key_path.exists():
+            key = asyncssh.generate_private_key("ssh-ed25519")
+            self.host_key_path.write_bytes(key.export_private_key())
+            os.chmod(self.host_key_path, 0o600)
+        return asyncssh.read_private_key(str(self.host_key_path))
+
+    async def start(self, host: str, port: int) -> int:
+        endpoint = self
+
+        class Server(asyncssh.SSHServer):
+            def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+                self.conn = conn
+                self.username: str | None = None
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self.username:
+                    endpoint.connections.get(self.username, set()).discard(self.conn)
+
+            def begin_auth(self, username: str) -> bool:
+                ws = endpoint.workspaces.by_username(username)
+                lines = ws.authorized_keys() if ws is not None and ws.active else ""
+                ca = endpoint.ca_key()
+                if ws is not None and ws.active and ca:
+                    lines += f"cert-authority {ca}\n"
+                self.conn.set_authorized_keys(
+                    asyncssh.import_authorized_keys(lines) if lines.strip() else asyncssh.import_authorized_keys("")
+                )
+                return True
+
+            def password_auth_supported(self) -> bool:
+                return False
+
+            def auth_completed(self) -> None:
+                self.username = self.conn.get_extra_info("username")
+                endpoint.connections.setdefault(self.username, set()).add(self.conn)
+
+        self.server = await asyncssh.create_server(
+            Server,
+            host,
+            port,
+            server_host_keys=[self._host_key()],
+            process_factory=self._session,
+            encoding=None,
+            sftp_factory=False,
+            allow_scp=False,
+            keepalive_interval=30,
+        )
+        return self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    def disconnect(self, username: str) -> int:
+        """Interrupt every SSH session of an account (restart, release, revocation)."""
+        conns = list(self.connections.pop(username, set()))
+        for c in conns:
+            c.close()
+        return len(conns)
+
+    async def _session(self, process: asyncssh.SSHServerProcess) -> None:
+        username = process.get_extra_info("username")
+        ws = self.workspaces.by_username(username)
+        if ws is None or not ws.active:
+            process.stderr.write(b"this allocation is not active\n")
+            process.exit(1)
+            return
+        try:
+            rc = await (self._run_pty(process, ws) if process.get_terminal_type() else self._run_pipes(process, ws))
+        except Exception as exc:  # report to the client rather than dropping the channel
+            process.stderr.write(f"session failed: {exc}\n".encode())
+            rc = 255
+        with contextlib.suppress(Exception):
+            process.exit(rc)
+
+    def _argv(self, process: asyncssh.SSHServerProcess) -> list[str]:
+        return (
+            [SHELL, "-c", process.command] if process.command else [SHELL, "-i"] if SHELL.endswith("bash") else [SHELL]
+        )
+
+    async def _run_pipes(self, process: asyncssh.SSHServerProcess, ws: Workspace) -> int:
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv(process),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ws.home,
+            env=ws.env(),
+            start_new_session=True,
+        )
+
+        async def copy(reader: asyncio.StreamReader, writer: Any) -> None:
+            while data := await reader.read(65536):
+                writer.write(data)
+
+        async def feed() -> None:
+            assert proc.stdin is not None
+            try:
+                while True:
+                    data = await process.stdin.read(65536)
+                    if not data:
+                        break
+                    proc.stdin.write(data)
+                    await proc.stdin.drain()
+            except (
+                asyncssh.BreakReceived,
+                asyncssh.SignalReceived,
+                asyncssh.TerminalSizeChanged,
+                ConnectionError,
+                BrokenPipeError,
+            ):
+                pass
+            with contextlib.suppress(Exception):
+                proc.stdin.close()
+
+        feeder = asyncio.create_task(feed())
+        assert proc.stdout is not None and proc.stderr is not None
+        await asyncio.gather(copy(proc.stdout, process.stdout), copy(proc.stderr, process.stderr))
+        rc = await proc.wait()
+        feeder.cancel()
+        return rc if rc >= 0 else 128 - rc
+
+    async def _run_pty(self, process: asyncssh.SSHServerProcess, ws: Workspace) -> int:
+        master, slave = pty.openpty()
+        cols, rows = process.get_terminal_size()[:2]
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows or 24, cols or 80, 0, 0))
+        env = {**ws.env(), "TERM": process.get_terminal_type() or "xterm"}
+
+        def controlling_tty() -> None:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        proc = subprocess.Popen(  # noqa: ASYNC220 - a pty child needs preexec_fn (TIOCSCTTY)
+            self._argv(process),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=ws.home,
+            env=env,
+            start_new_session=True,
+            preexec_fn=controlling_tty,
+            close_fds=True,
+        )
+        os.close(slave)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(master)
+            queue.put_nowait(data)
+
+        loop.add_reader(master, readable)
+
+        async def out() -> None:
+            while data := await queue.get():
+                process.stdout.write(data)
+
+        async def feed() -> None:
+            while True:
+                try:
+                    data = await process.stdin.read(65536)
+                except asyncssh.TerminalSizeChanged as change:
+                    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", change.height, change.width, 0, 0))
+                    continue
+                except (asyncssh.BreakReceived, asyncssh.SignalReceived):
+                    continue
+                except (ConnectionError, OSError):
+                    break
+                if not data:
+                    break
+                with contextlib.suppress(OSError):
+                    os.write(master, data)
+
+        out_task = asyncio.create_task(out())
+        feeder = asyncio.create_task(feed())
+        rc = await asyncio.to_thread(proc.wait)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(out_task, 0.5)
+        for t in (out_task, feeder):
+            t.cancel()
+        loop.remove_reader(master)
+        os.close(master)
+        return rc if rc >= 0 else 128 - rc

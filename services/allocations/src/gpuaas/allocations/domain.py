@@ -1,0 +1,128 @@
+"""Allocation rules without I/O: the lifecycle transition table, placement choice, key parsing."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuaas.contracts.enums import AllocationStatus as S
+from gpuaas.contracts.enums import CapacityShape
+from gpuaas.contracts.events.allocations import HostStatus
+from gpuaas.kit.errors import Conflict, Unprocessable
+
+# FROM -> allowed TO (ARCHITECTURE §6). `failed` and `released` are final.
+TRANSITIONS: dict[S, frozenset[S]] = {
+    S.requested: frozenset({S.provisioning, S.failed}),
+    S.provisioning: frozenset({S.active, S.failed}),
+    S.active: frozenset({S.restarting, S.resizing, S.releasing}),
+    S.restarting: frozenset({S.active, S.releasing}),
+    S.resizing: frozenset({S.active, S.releasing}),
+    S.releasing: frozenset({S.released, S.release_failed}),
+    S.release_failed: frozenset({S.releasing}),
+    S.released: frozenset(),
+    S.failed: frozenset(),
+}
+
+# Statuses that hold GPUs on a host (and count against the project quota).
+HOLDS_CAPACITY = frozenset(
+    {S.requested, S.provisioning, S.active, S.restarting, S.resizing, S.releasing, S.release_failed}
+)
+TERMINAL = frozenset({S.released, S.failed})
+
+
+def check_transition(current: str, target: S, *, action: str) -> None:
+    """Refuse a transition the table does not allow, with a reason the caller can act on."""
+    frm = S(current)
+    if target not in TRANSITIONS[frm]:
+        raise Conflict(
+            f"cannot {action} an allocation that is {frm.value}",
+            code="invalid_state_transition",
+            current_status=frm.value,
+            requested=target.value,
+        )
+
+
+def unix_username(allocation_id: uuid.UUID) -> str:
+    """The allocation's Unix account: short, stable, valid as a POSIX user name."""
+    return "a" + allocation_id.hex[-11:]
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    host_id: uuid.UUID
+    name: str
+    status: str
+    host_class: str | None
+    gpu_indices_by_model: dict[str, list[int]]  # model -> every index of that model
+    used: frozenset[int]
+
+    def free(self, model: str) -> list[int]:
+        return [i for i in self.gpu_indices_by_model.get(model, []) if i not in self.used]
+
+    @property
+    def total(self) -> int:
+        return sum(len(v) for v in self.gpu_indices_by_model.values())
+
+
+def candidates(
+    hosts: Iterable[HostCapacity], *, shape: CapacityShape, model: str, count: int, host_class: str | None
+) -> list[HostCapacity]:
+    """Hosts that can take the request, best fit first (fewest free GPUs left over), so large
+    slices and whole hosts stay available."""
+    fit: list[HostCapacity] = []
+    for h in hosts:
+        if h.status != HostStatus.ready or (host_class and h.host_class != host_class):
+            continue
+        if shape is CapacityShape.baremetal:
+            if not h.used and h.gpu_indices_by_model.get(model) and h.total == len(h.gpu_indices_by_model[model]):
+                fit.append(h)
+        elif len(h.free(model)) >= count:
+            fit.append(h)
+    return sorted(fit, key=lambda h: (len(h.free(model)) - count, h.name))
+
+
+def pick_gpus(host: HostCapacity, *, shape: CapacityShape, model: str, count: int) -> list[int] | None:
+    free = host.free(model)
+    if shape is CapacityShape.baremetal:
+        return sorted(host.gpu_indices_by_model.get(model, [])) if not host.used else None
+    return sorted(free)[:count] if len(free) >= count else None
+
+
+def parse_public_key(line: str) -> tuple[str, str]:
+    """Validate an OpenSSH public key line; return (normalised line, SHA256 fingerprint)."""
+    parts = line.strip().split()
+    if len(parts) < 2 or not parts[0].startswith(("ssh-", "ecdsa-", "sk-")):
+        raise Unprocessable("public_key must be an OpenSSH public key line", code="invalid_public_key")
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except ValueError:
+        raise Unprocessable("public_key is not valid base64", code="invalid_public_key") from None
+    if len(blob) < 20 or blob[4 : 4 + int.from_bytes(blob[:4], "big")].decode(errors="replace") != parts[0]:
+        raise Unprocessable("public_key does not match its key type", code="invalid_public_key")
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return " ".join(parts[:3]), f"SHA256:{digest}"
+
+
+def after_release(persist: bool) -> str:
+    return (
+        "kept: the volume and its data survive the release of its allocations"
+        if persist
+        else "deleted: the data is removed when the last allocation it is attached to is released"
+    )
+
+
+def allocation_after_release(volumes: list[tuple[str, bool]]) -> str:
+    """What a user keeps when they release the allocation (said on every allocation response)."""
+    parts = ["the workspace, scratch and processes are deleted"]
+    kept = [n for n, p in volumes if p]
+    gone = [n for n, p in volumes if not p]
+    if kept:
+        parts.append("volumes kept: " + ", ".join(kept))
+    if gone:
+        parts.append("volumes deleted: " + ", ".join(gone))
+    if not volumes:
+        parts.append("no volume is attached, so nothing persists")
+    return "; ".join(parts)

@@ -1,0 +1,201 @@
+"""The allocations service on a real loopback port (uvicorn, this event loop) with real agents
+(gpuaas.node_agent, in-process) and a seeded IAM projection. Per test: fresh schema, fresh agents."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import httpx
+import pytest
+import uvicorn
+
+from gpuaas.allocations.app import SPEC
+from gpuaas.contracts import Event
+from gpuaas.contracts.enums import MembershipScope, Role
+from gpuaas.contracts.events import identity as ev
+from gpuaas.kit.iam import apply_locally
+from gpuaas.kit.testing import service_app, wait_for
+from gpuaas.node_agent.agent import Agent
+from gpuaas.node_agent.settings import AgentSettings
+
+
+class _Server(uvicorn.Server):
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _membership(
+    user: uuid.UUID, role: Role, tenant: uuid.UUID | None = None, project: uuid.UUID | None = None
+) -> Event:
+    scope = MembershipScope.project if project else MembershipScope.tenant if tenant else MembershipScope.platform
+    m = ev.MembershipState(
+        membership_id=uuid.uuid4(), user_id=user, scope=scope, role=role, tenant_id=tenant, project_id=project
+    )
+    return ev.MembershipGranted.build(subject=m.membership_id, data=m, source="identity")
+
+
+@dataclass
+class World:
+    url: str
+    kit: Any
+    signer: Any
+    tmp: Path
+    ids: dict[str, uuid.UUID]
+    agents: list[tuple[Agent, asyncio.Task[None]]] = field(default_factory=list)
+
+    def client(self, who: str) -> httpx.AsyncClient:
+        token = self.signer.token(self.ids[who])
+        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    def token(self, who: str) -> str:
+        return str(self.signer.token(self.ids[who]))
+
+    async def enrol(self, name: str, gpus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        async with self.client("op") as c:
+            r = await c.post("/hosts", json={"name": name, "gpus": gpus or []})
+            assert r.status_code == 201, r.text
+            return dict(r.json())
+
+    async def start_agent(self, token: str, name: str, gpus: str = "8xH100-80GB", **overrides: Any) -> Agent:
+        settings = AgentSettings(
+            server_url=self.url,
+            node_token=token,
+            state_dir=self.tmp / name,
+            gpus=gpus,
+            prefer_nvidia_smi=False,
+            long_poll_s=5,
+            heartbeat_interval_s=1,
+            **overrides,
+        )
+        agent = Agent(settings)
+        task = asyncio.create_task(agent.run())
+        self.agents.append((agent, task))
+        await wait_for(lambda: agent.registered.is_set() or task.done(), 30, "agent registration")
+        assert not task.done(), task.exception()
+        return agent
+
+    async def stop_agent(self, agent: Agent) -> None:
+        for a, t in list(self.agents):
+            if a is agent:
+                t.cancel()
+                with suppress(asyncio.CancelledError, Exception):
+                    await t
+                self.agents.remove((a, t))
+
+    async def host_with_agent(self, name: str = "gpu-1", gpus: str = "8xH100-80GB", **kw: Any) -> tuple[dict, Agent]:
+        host = await self.enrol(name)
+        agent = await self.start_agent(host["node_token"], name, gpus, **kw)
+        return host, agent
+
+    async def wait_status(self, who: str, alloc_id: str, *statuses: str, timeout_s: float = 30) -> dict[str, Any]:
+        async with self.client(who) as c:
+
+            async def check() -> Any:
+                r = await c.get(f"/allocations/{alloc_id}")
+                return r.json() if r.json().get("status") in statuses else None
+
+            return dict(await wait_for(check, timeout_s, f"allocation {alloc_id} in {statuses}"))
+
+    async def create(self, who: str, project: str = "p1", **body: Any) -> httpx.Response:
+        async with self.client(who) as c:
+            return await c.post(
+                f"/projects/{self.ids[project]}/allocations", json={"gpu_model": "H100-80GB", "gpu_count": 1, **body}
+            )
+
+
+def ssh_key() -> tuple[asyncssh.SSHKey, str]:
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    return key, key.export_public_key().decode().strip()
+
+
+async def ssh_run(alloc: dict[str, Any], key: asyncssh.SSHKey, command: str) -> asyncssh.SSHCompletedProcess:
+    ep = alloc["ssh_endpoint"]
+    async with asyncssh.connect(
+        ep["host"],
+        ep["port"],
+        username=ep["username"],
+        client_keys=[key],
+        known_hosts=None,
+        agent_path=None,
+        config=None,
+    ) as conn:
+        return await conn.run(command, check=False, timeout=20)
+
+
+async def ssh_refused(alloc: dict[str, Any], key: asyncssh.SSHKey) -> bool:
+    try:
+        await ssh_run(alloc, key, "true")
+    except asyncssh.PermissionDenied:
+        return True
+    return False
+
+
+@pytest.fixture
+async def world(infra, signer, tmp_path) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+    app = await service_app(
+        SPEC,
+        infra.admin_url,
+        infra.kafka_bootstrap,
+        agent_heartbeat_interval_s=1.0,
+        agent_heartbeat_timeout_s=3.0,
+        reconcile_interval_s=0.5,
+        release_clearance_timeout_s=60.0,
+        agent_task_lease_s=10.0,
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio"))
+    serve = asyncio.create_task(server.serve(sockets=[sock]))
+    await wait_for(lambda: server.started or serve.done(), 60, "allocations server")
+    assert not serve.done(), serve.exception()
+    kit = app.state.kit
+    kit.verifier.jwks.set(signer.jwks)
+    ids = {
+        k: uuid.uuid4()
+        for k in ("t1", "t2", "p1", "p2", "px", "op", "owner", "admin", "grantee", "viewer", "stranger", "tadmin")
+    }
+    events: list[Event] = [
+        _membership(ids["op"], Role.platform_admin),
+        ev.TenantCreated.build(
+            subject=ids["t1"], source="identity", data=ev.TenantState(tenant_id=ids["t1"], slug="t1", name="T1")
+        ),
+        ev.TenantCreated.build(
+            subject=ids["t2"], source="identity", data=ev.TenantState(tenant_id=ids["t2"], slug="t2", name="T2")
+        ),
+        *[
+            ev.ProjectCreated.build(
+                subject=ids[p], source="identity", data=ev.ProjectState(project_id=ids[p], tenant_id=ids[t], name=p)
+            )
+            for p, t in (("p1", "t1"), ("p2", "t1"), ("px", "t2"))
+        ],
+        _membership(ids["owner"], Role.project_member, ids["t1"], ids["p1"]),
+        _membership(ids["owner"], Role.project_member, ids["t1"], ids["p2"]),
+        _membership(ids["admin"], Role.project_admin, ids["t1"], ids["p1"]),
+        _membership(ids["grantee"], Role.project_member, ids["t1"], ids["p1"]),
+        _membership(ids["viewer"], Role.viewer, ids["t1"], ids["p1"]),
+        _membership(ids["tadmin"], Role.tenant_admin, ids["t1"]),
+        _membership(ids["stranger"], Role.tenant_admin, ids["t2"]),
+    ]
+    async with kit.sessions() as s, s.begin():
+        for e in events:
+            await apply_locally(s, e)
+    w = World(url=f"http://127.0.0.1:{port}", kit=kit, signer=signer, tmp=tmp_path, ids=ids)
+    try:
+        yield w
+    finally:
+        for agent, _ in list(w.agents):
+            await w.stop_agent(agent)
+        server.should_exit = True
+        with suppress(Exception):
+            await asyncio.wait_for(serve, 30)
+        sock.close()
