@@ -73,6 +73,8 @@ PERMISSIONS: dict[str, frozenset[Role]] = {
     "catalog.app.register": OPERATOR,
     "catalog.artifact.promote": OPERATOR,
     "catalog.entitlement.manage": OPERATOR,
+    "catalog.artifact.register": OPERATOR,
+    "catalog.artifact.read": OPERATOR,
     # app runtime
     "apps.instance.read": READ,
     "apps.instance.deploy": WRITE,

@@ -8,3 +8,7 @@ class Settings(ServiceSettings):
 
     service_name: str = "catalog"
     port: int = 8003
+
+    # Registries reached over plain HTTP (loopback dev/test registries); everything else is HTTPS.
+    registry_plain_http: list[str] = ["127.0.0.1", "localhost", "[::1]"]
+    registry_timeout_s: float = 30.0

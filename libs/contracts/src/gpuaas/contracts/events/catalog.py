@@ -172,6 +172,13 @@ class ArtifactRegistered(Event):
     data: ArtifactState
 
 
+class ArtifactUpdated(Event):
+    """The artifact changed without moving in its lifecycle (a lint/smoke/content check was recorded)."""
+
+    type: Literal["artifact.updated"] = "artifact.updated"
+    data: ArtifactState
+
+
 class ArtifactTransitioned(Event):
     """The artifact moved `from_state` → `state` (audited; `reason` given)."""
 
@@ -201,4 +208,5 @@ EVENTS: tuple[type[Event], ...] = (
     ArtifactTransitioned,
     EntitlementGranted,
     EntitlementRevoked,
+    ArtifactUpdated,
 )
