@@ -19,6 +19,8 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -75,15 +77,11 @@ async def idp(stack: Stack) -> AsyncIterator[EnterpriseIdP]:
         "GPUAAS_JWKS_URL": f"{url}/.well-known/jwks.json",
         "GPUAAS_JWT_ISSUER": url,
     }
-    subprocess.run([sys.executable, "-m", "gpuaas.identity", "migrate"], env=env, check=True, timeout=120)
-    log = open(root / "identity-idp.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuaas.identity", "serve"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    try:
+        proc, log = await asyncio.to_thread(_launch, env, root)
+    except BaseException:
+        broker.stop()
+        raise
     try:
         async with httpx.AsyncClient(base_url=url, timeout=10) as c:
             for _ in range(300):
@@ -108,6 +106,19 @@ async def idp(stack: Stack) -> AsyncIterator[EnterpriseIdP]:
         stop_process(proc)
         log.close()
         broker.stop()
+
+
+def _launch(env: dict[str, str], root: Path) -> tuple[subprocess.Popen, IO[bytes]]:
+    subprocess.run([sys.executable, "-m", "gpuaas.identity", "migrate"], env=env, check=True, timeout=120)
+    log = open(root / "identity-idp.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuaas.identity", "serve"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return proc, log
 
 
 async def sso_login(gateway: str, email: str, password: str = PASSWORD) -> httpx.Response:
