@@ -51,6 +51,7 @@ class World:
     tmp: Path
     ids: dict[str, uuid.UUID]
     agents: list[tuple[Agent, asyncio.Task[None]]] = field(default_factory=list)
+    background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def client(self, who: str) -> httpx.AsyncClient:
         token = self.signer.token(self.ids[who])
@@ -195,6 +196,10 @@ async def world(infra, signer, tmp_path) -> AsyncIterator[World]:  # type: ignor
     finally:
         for agent, _ in list(w.agents):
             await w.stop_agent(agent)
+        for t in w.background:
+            t.cancel()
+            with suppress(asyncio.CancelledError, Exception):
+                await t
         server.should_exit = True
         with suppress(Exception):
             await asyncio.wait_for(serve, 30)

@@ -151,12 +151,14 @@ async def poll_tasks(request: Request, wait_s: float = Query(20.0, ge=0, le=60))
     deadline = loop.time() + min(wait_s, s.agent_long_poll_max_s)
     while True:
         wake.clear()
+        if await request.is_disconnected():  # never lease tasks to a poll nobody reads any more
+            return []
         async with kit.sessions() as session, session.begin():
             tasks = await service.claim_tasks(session, host.host_id, lease_s=s.agent_task_lease_s)
         if tasks:
             return [dict(t._mapping) for t in tasks]
         remaining = deadline - loop.time()
-        if remaining <= 0 or await request.is_disconnected():
+        if remaining <= 0:
             return []
         try:
             await asyncio.wait_for(wake.wait(), min(remaining, 1.0))
