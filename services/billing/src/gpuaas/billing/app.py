@@ -4,6 +4,9 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from gpuaas.billing import api
+from gpuaas.billing.handlers import subscriptions
+from gpuaas.billing.models import metadata
 from gpuaas.billing.settings import Settings
 from gpuaas.kit.app import ServiceSpec
 from gpuaas.kit.app import create_app as kit_create_app
@@ -11,7 +14,10 @@ from gpuaas.kit.app import create_app as kit_create_app
 SPEC = ServiceSpec(
     name="billing",
     settings_cls=Settings,
+    routers=[api.router],
+    subscriptions=subscriptions,
     versions_dir=Path(__file__).parent / "migrations" / "versions",
+    metadata=metadata,
     description="Price book, rating, the ledger, cost views and budgets.",
 )
 

@@ -8,3 +8,4 @@ class Settings(ServiceSettings):
 
     service_name: str = "billing"
     port: int = 8006
+    default_budget_thresholds: list[int] = [50, 80, 100]
