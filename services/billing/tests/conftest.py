@@ -6,6 +6,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -142,3 +143,9 @@ def auth(signer):  # type: ignore[no-untyped-def]
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+@pytest.fixture
+def h() -> SimpleNamespace:
+    """The helpers above, as a fixture (test folders are not packages, so tests cannot import them)."""
+    return SimpleNamespace(publish=publish, gpu_usage=gpu_usage, app_usage=app_usage)

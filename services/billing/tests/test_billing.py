@@ -4,7 +4,7 @@ statements and access."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -14,9 +14,11 @@ from sqlalchemy.exc import DBAPIError
 from gpuaas.billing.domain import month_start
 from gpuaas.kit.testing import wait_for
 
-from .conftest import app_usage, gpu_usage, now, publish
-
 pytestmark = pytest.mark.integration
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
 
 
 async def q(kit, sql: str, **params):  # type: ignore[no-untyped-def]
@@ -52,19 +54,19 @@ async def set_prices(client, auth, w, gpu: str = "2.50", tokens: str = "0.000002
     assert r.status_code == 201, r.text
 
 
-async def test_usage_is_rated_once_into_a_balanced_ledger(billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_usage_is_rated_once_into_a_balanced_ledger(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = billing
     await set_prices(client, auth, w, frm=now() - timedelta(days=40))
     start = now() - timedelta(hours=2)
-    g = gpu_usage(w["t1"], w["p1"], start, start + timedelta(minutes=30), gpus=2)  # 1 GPU-hour
-    a = app_usage(w["t1"], w["p1b"], now() - timedelta(minutes=5), "1000000", "k1")  # 1M tokens
+    g = h.gpu_usage(w["t1"], w["p1"], start, start + timedelta(minutes=30), gpus=2)  # 1 GPU-hour
+    a = h.app_usage(w["t1"], w["p1b"], now() - timedelta(minutes=5), "1000000", "k1")  # 1M tokens
     # The same records again under new event ids (a metering recompute / a replayed range) and as-is.
     g2 = type(g).build(data=g.data, source="metering")
     a2 = type(a).build(data=a.data, source="metering")
-    await publish(infra.kafka_bootstrap, [g, a, g2, a2, g, a])
+    await h.publish(infra.kafka_bootstrap, [g, a, g2, a2, g, a])
     await wait_for(lambda: _is(charged(kit, w["t1"]), 2), 30, "two charges")
-    probe = app_usage(w["t1"], w["p1"], now(), "1", "probe")  # ordered after the duplicates on no partition...
-    await publish(infra.kafka_bootstrap, [probe])
+    probe = h.app_usage(w["t1"], w["p1"], now(), "1", "probe")  # ordered after the duplicates on no partition...
+    await h.publish(infra.kafka_bootstrap, [probe])
     await wait_for(lambda: _is(charged(kit, w["t1"]), 3), 30, "probe charged")
     assert await q(kit, "SELECT amount FROM charges WHERE usage_record_id = :u", u=g.data.usage_record_id) == Decimal(
         "2.500000"
@@ -126,11 +128,11 @@ async def test_the_database_refuses_double_charges_unbalanced_and_rewritten_entr
     assert await q(kit, "SELECT count(*) FROM ledger_entries WHERE transaction_id = :t", t=txn) == 2
 
 
-async def test_usage_without_a_price_waits_and_is_rated_when_one_is_published(billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_usage_without_a_price_waits_and_is_rated_when_one_is_published(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = billing
     start = now() - timedelta(hours=3)
-    g = gpu_usage(w["t1"], w["p1"], start, start + timedelta(hours=1), gpus=1, model="A100-40GB")
-    await publish(infra.kafka_bootstrap, [g])
+    g = h.gpu_usage(w["t1"], w["p1"], start, start + timedelta(hours=1), gpus=1, model="A100-40GB")
+    await h.publish(infra.kafka_bootstrap, [g])
     await wait_for(
         lambda: _is(
             q(kit, "SELECT count(*) FROM usage_received WHERE usage_record_id = :u", u=g.data.usage_record_id), 1
@@ -166,7 +168,7 @@ async def test_usage_without_a_price_waits_and_is_rated_when_one_is_published(bi
     assert await q(kit, "SELECT count(*) FROM prices") == 1
 
 
-async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = billing
     await set_prices(client, auth, w, frm=now() - timedelta(days=40))
     r = await client.post(
@@ -186,9 +188,9 @@ async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(bill
     assert r.status_code == 422
     base = max(month_start(now()), now() - timedelta(hours=3))
     # 2 GPU-hours = 5 USD in p1 (50 %), then 1.2 GPU-hours = 3 USD in p1b (80 %).
-    e1 = gpu_usage(w["t1"], w["p1"], base, base + timedelta(minutes=30), gpus=4)
-    e2 = gpu_usage(w["t1"], w["p1b"], base, base + timedelta(minutes=36), gpus=2)
-    await publish(infra.kafka_bootstrap, [e1, e2])
+    e1 = h.gpu_usage(w["t1"], w["p1"], base, base + timedelta(minutes=30), gpus=4)
+    e2 = h.gpu_usage(w["t1"], w["p1b"], base, base + timedelta(minutes=36), gpus=2)
+    await h.publish(infra.kafka_bootstrap, [e1, e2])
     await wait_for(lambda: _is(charged(kit, w["t1"]), 2), 30, "charges")
     alerts = await q(
         kit,
@@ -220,13 +222,13 @@ async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(bill
     assert (await client.get("/costs/breakdown", headers=auth(w["tadmin"]))).status_code == 403
 
 
-async def test_statements_close_ended_periods_once(billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_statements_close_ended_periods_once(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = billing
     this_month = month_start(now())
     last_month = month_start(this_month - timedelta(days=1))
     await set_prices(client, auth, w, frm=last_month - timedelta(days=1))
-    e = gpu_usage(w["t1"], w["p1"], this_month - timedelta(hours=2), this_month - timedelta(hours=1), gpus=1)
-    await publish(infra.kafka_bootstrap, [e])
+    e = h.gpu_usage(w["t1"], w["p1"], this_month - timedelta(hours=2), this_month - timedelta(hours=1), gpus=1)
+    await h.publish(infra.kafka_bootstrap, [e])
     await wait_for(lambda: _is(charged(kit, w["t1"]), 1), 30, "charge")
     period = f"{last_month.year:04d}-{last_month.month:02d}"
     r = await client.post(
@@ -244,8 +246,8 @@ async def test_statements_close_ended_periods_once(billing, infra, auth) -> None
     )
     assert r.status_code == 422 and r.json()["code"] == "period_not_ended"
     # A late record for the closed period counts in the open one; the statement is never rewritten.
-    late = gpu_usage(w["t1"], w["p1"], this_month - timedelta(minutes=30), this_month - timedelta(minutes=6), gpus=1)
-    await publish(infra.kafka_bootstrap, [late])
+    late = h.gpu_usage(w["t1"], w["p1"], this_month - timedelta(minutes=30), this_month - timedelta(minutes=6), gpus=1)
+    await h.publish(infra.kafka_bootstrap, [late])
     await wait_for(lambda: _is(charged(kit, w["t1"]), 2), 30, "late charge")
     assert (
         await q(kit, "SELECT period_start FROM charges WHERE usage_record_id = :u", u=late.data.usage_record_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -151,3 +152,11 @@ def auth(signer):  # type: ignore[no-untyped-def]
         return {"Authorization": f"Bearer {signer.token(subject, kind=kind, **claims)}"}
 
     return make
+
+
+@pytest.fixture
+def h() -> SimpleNamespace:
+    """The helpers above, as a fixture (test folders are not packages, so tests cannot import them)."""
+    return SimpleNamespace(
+        publish=publish, allocation=allocation, new_allocation=new_allocation, instance_created=instance_created
+    )

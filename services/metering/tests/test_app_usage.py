@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import text
@@ -13,9 +13,11 @@ from gpuaas.contracts.events.usage import app_usage_record_id
 from gpuaas.kit.testing import wait_for
 from gpuaas.metering.models import instances
 
-from .conftest import instance_created, now, publish
-
 pytestmark = pytest.mark.integration
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
 
 
 async def known(kit, instance_id) -> bool:  # type: ignore[no-untyped-def]
@@ -34,10 +36,10 @@ async def outbox_app_usage(kit, instance_id) -> int:  # type: ignore[no-untyped-
 
 
 @pytest.fixture
-async def instance(metering, infra):  # type: ignore[no-untyped-def]
+async def instance(h, metering, infra):  # type: ignore[no-untyped-def]
     _client, kit, w = metering
-    e = instance_created(w["t1"], w["p1"], now() - timedelta(days=1))
-    await publish(infra.kafka_bootstrap, [e])
+    e = h.instance_created(w["t1"], w["p1"], now() - timedelta(days=1))
+    await h.publish(infra.kafka_bootstrap, [e])
     await wait_for(lambda: known(kit, e.data.instance_id), 30, "instance projected")
     return e.data.instance_id
 

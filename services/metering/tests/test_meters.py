@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -16,9 +16,11 @@ from gpuaas.metering import service
 from gpuaas.metering.domain import hour_floor
 from gpuaas.metering.models import meters, usage_records
 
-from .conftest import allocation, new_allocation, now, publish
-
 pytestmark = pytest.mark.integration
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
 
 
 async def meter(kit, allocation_id):  # type: ignore[no-untyped-def]
@@ -48,15 +50,15 @@ async def outbox_count(kit, event_type: str, subject: uuid.UUID) -> int:  # type
         ).scalar_one()
 
 
-async def test_release_failed_allocation_stops_accruing_at_the_release_request(metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_release_failed_allocation_stops_accruing_at_the_release_request(h, metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = metering
     activated = hour_floor(now()) - timedelta(hours=2) + timedelta(minutes=15)
-    e1, a = new_allocation(w["t1"], w["p1"], activated, gpus=2)
-    await publish(infra.kafka_bootstrap, [e1])
+    e1, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=2)
+    await h.publish(infra.kafka_bootstrap, [e1])
     # The closer records the two full hours that have passed (settle 0 in this test).
     await wait_for(lambda: _count_is(kit, a.allocation_id, 2), 30, "two full windows")
     stop = now() - timedelta(seconds=30)
-    e2, a = allocation(
+    e2, a = h.allocation(
         al.AllocationReleaseRequested,
         a,
         status=AllocationStatus.releasing,
@@ -65,14 +67,14 @@ async def test_release_failed_allocation_stops_accruing_at_the_release_request(m
         billing_stopped_at=stop,
         release_attempts=1,
     )
-    e3, a = allocation(
+    e3, a = h.allocation(
         al.AllocationReleaseFailed,
         a,
         status=AllocationStatus.release_failed,
         status_changed_at=stop + timedelta(seconds=20),
         failure_reason="agent unreachable",
     )
-    await publish(infra.kafka_bootstrap, [e2, e3])
+    await h.publish(infra.kafka_bootstrap, [e2, e3])
     await wait_for(lambda: _closed(kit, a.allocation_id), 30, "meter closed")
     m = await meter(kit, a.allocation_id)
     assert m.closed_at == stop and m.close_reason == "release_requested"
@@ -93,47 +95,47 @@ async def test_release_failed_allocation_stops_accruing_at_the_release_request(m
     assert r.json()["closed_at"].startswith(stop.isoformat()[:19])
 
 
-async def test_replayed_and_redelivered_lifecycle_events_never_add_usage(metering, infra) -> None:  # type: ignore[no-untyped-def]
+async def test_replayed_and_redelivered_lifecycle_events_never_add_usage(h, metering, infra) -> None:  # type: ignore[no-untyped-def]
     _client, kit, w = metering
     activated = now() - timedelta(minutes=90)
-    e1, a = new_allocation(w["t1"], w["p1"], activated, gpus=1)
+    e1, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=1)
     stop = now() - timedelta(minutes=1)
-    e2, _a2 = allocation(
+    e2, _a2 = h.allocation(
         al.AllocationReleaseRequested,
         a,
         status=AllocationStatus.releasing,
         status_changed_at=stop,
         billing_stopped_at=stop,
     )
-    await publish(infra.kafka_bootstrap, [e1, e2])
+    await h.publish(infra.kafka_bootstrap, [e1, e2])
     await wait_for(lambda: _closed(kit, a.allocation_id), 30, "meter closed")
     before = await usage(kit, a.allocation_id)
     # Same states under new event ids (a producer retry / a topic rebuilt from snapshots), and stale ones.
     again = [type(e).build(data=e.data, source="allocations") for e in (e1, e2)]
-    stale, _ = allocation(al.AllocationActivated, a, version=1)
-    await publish(infra.kafka_bootstrap, [*again, stale, e1, e2])
-    marker, _ = new_allocation(w["t1"], w["p1"], now(), gpus=1)
-    await publish(infra.kafka_bootstrap, [marker])  # once this is applied, everything before it is too
+    stale, _ = h.allocation(al.AllocationActivated, a, version=1)
+    await h.publish(infra.kafka_bootstrap, [*again, stale, e1, e2])
+    marker, _ = h.new_allocation(w["t1"], w["p1"], now(), gpus=1)
+    await h.publish(infra.kafka_bootstrap, [marker])  # once this is applied, everything before it is too
     await wait_for(lambda: meter(kit, marker.data.allocation_id), 30, "marker applied")
     assert await usage(kit, a.allocation_id) == before
     assert before[1] == Decimal(str((stop - activated).total_seconds())).quantize(Decimal("0.000001"))
 
 
-async def test_resize_splits_usage_at_the_change(metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_resize_splits_usage_at_the_change(h, metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = metering
     activated = now() - timedelta(minutes=50)
-    e1, a = new_allocation(w["t1"], w["p1"], activated, gpus=2)
+    e1, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=2)
     changed = activated + timedelta(minutes=20)
-    e2, a = allocation(al.AllocationResized, a, gpu_count=4, status_changed_at=changed)
+    e2, a = h.allocation(al.AllocationResized, a, gpu_count=4, status_changed_at=changed)
     stop = activated + timedelta(minutes=45)
-    e3, a = allocation(
+    e3, a = h.allocation(
         al.AllocationReleaseRequested,
         a,
         status=AllocationStatus.releasing,
         status_changed_at=stop,
         billing_stopped_at=stop,
     )
-    await publish(infra.kafka_bootstrap, [e1, e2, e3])
+    await h.publish(infra.kafka_bootstrap, [e1, e2, e3])
     await wait_for(lambda: _closed(kit, a.allocation_id), 30, "meter closed")
     _, seconds = await usage(kit, a.allocation_id)
     assert seconds == Decimal(2 * 20 * 60 + 4 * 25 * 60)
@@ -143,13 +145,13 @@ async def test_resize_splits_usage_at_the_change(metering, infra, auth) -> None:
     assert counts[0] == 2 and counts[-1] == 4 and r.json()[-1]["final"] is True
 
 
-async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(h, metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = metering
     host_id = uuid.uuid4()
     t = now()
     host = al.HostState(host_id=host_id, name="gpu-07", status=al.HostStatus.ready, last_heartbeat_at=t, version=1)
     activated = t - timedelta(minutes=50)
-    e1, a = new_allocation(w["t1"], w["p1"], activated, gpus=1, host=host_id)
+    e1, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=1, host=host_id)
     last_beat = t - timedelta(minutes=30)
     lost = al.HostHeartbeatLost.build(
         data=host.model_copy(
@@ -157,7 +159,7 @@ async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(
         ),
         source="allocations",
     )
-    await publish(infra.kafka_bootstrap, [al.HostEnrolled.build(data=host, source="allocations"), e1, lost])
+    await h.publish(infra.kafka_bootstrap, [al.HostEnrolled.build(data=host, source="allocations"), e1, lost])
     # grace is 600 s: billing stops at last heartbeat + 10 min, with the reason on the meter.
     await wait_for(lambda: _status(kit, a.allocation_id, "suspended"), 30, "meter suspended")
     m = await meter(kit, a.allocation_id)
@@ -172,17 +174,17 @@ async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(
     back = al.HostUpdated.build(
         data=host.model_copy(update={"last_heartbeat_at": back_at, "version": 3}), source="allocations"
     )
-    await publish(infra.kafka_bootstrap, [back])
+    await h.publish(infra.kafka_bootstrap, [back])
     await wait_for(lambda: _status(kit, a.allocation_id, "open"), 30, "meter resumed")
     stop = back_at + timedelta(seconds=90)
-    e2, a = allocation(
+    e2, a = h.allocation(
         al.AllocationReleaseRequested,
         a,
         status=AllocationStatus.releasing,
         status_changed_at=stop,
         billing_stopped_at=stop,
     )
-    await publish(infra.kafka_bootstrap, [e2])
+    await h.publish(infra.kafka_bootstrap, [e2])
     await wait_for(lambda: _closed(kit, a.allocation_id), 30, "meter closed")
     _, total = await usage(kit, a.allocation_id)
     assert total == Decimal(30 * 60 + 90)
@@ -190,7 +192,7 @@ async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(
     assert await outbox_count(kit, "meter.resumed", a.allocation_id) == 1
 
 
-async def test_closer_replicas_share_due_meters_without_double_recording(metering, infra) -> None:  # type: ignore[no-untyped-def]
+async def test_closer_replicas_share_due_meters_without_double_recording(h, metering, infra) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
     _client, kit, w = metering
@@ -198,7 +200,7 @@ async def test_closer_replicas_share_due_meters_without_double_recording(meterin
     ids = []
     async with kit.sessions() as s, s.begin():
         for _ in range(30):
-            e, a = new_allocation(w["t1"], w["p1"], now() - timedelta(hours=3), gpus=1)
+            e, a = h.new_allocation(w["t1"], w["p1"], now() - timedelta(hours=3), gpus=1)
             await service.apply_allocation(s, e)
             ids.append(a.allocation_id)
     kit.stopping.set()  # stop the app's own closer so only the two below compete
