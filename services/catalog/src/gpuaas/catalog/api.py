@@ -197,11 +197,20 @@ async def _authorized(request: Request, principal: Principal, action: str) -> No
         await iam.authorize(session, principal, action)
 
 
+def _count(request: Request, name: str, label: str) -> None:
+    counter = _kit(request).extras.get(name)
+    if counter is not None:
+        counter.labels(label).inc()
+
+
 async def _verify(request: Request, ref: str, kind: ArtifactKind) -> Verified:
     try:
-        return await _registry(request).verify(parse_ref(ref), allow_raw_blob=kind is ArtifactKind.blob)
+        verified = await _registry(request).verify(parse_ref(ref), allow_raw_blob=kind is ArtifactKind.blob)
     except TrustError as exc:
+        _count(request, "verifications", exc.code)
         raise _trust_problem(exc) from None
+    _count(request, "verifications", "verified")
+    return verified
 
 
 OperatorRead = Annotated[Principal, Depends(require("catalog.artifact.read"))]
@@ -304,9 +313,11 @@ async def _content_check(request: Request, art: dict[str, Any]) -> tuple[bool, s
             parse_ref(art["ref"]), allow_raw_blob=art["kind"] == ArtifactKind.blob.value
         )
     except TrustError as exc:
+        _count(request, "verifications", exc.code)
         if exc.status != 422:
             raise _trust_problem(exc) from None
         return False, exc.code, exc.detail
+    _count(request, "verifications", "verified")
     return True, None, "re-verified: " + "; ".join(verified.detail)
 
 
@@ -330,6 +341,7 @@ async def transition_artifact(
                 parse_ref(art["ref"]), allow_raw_blob=art["kind"] == ArtifactKind.blob.value
             )
         except TrustError as exc:
+            _count(request, "verifications", exc.code)
             if exc.status == 422:  # keep the failed verification on record, then refuse
                 async with _kit(request).sessions() as session, session.begin():
                     await service.record_check(
@@ -337,7 +349,7 @@ async def transition_artifact(
                     )
             raise _trust_problem(exc) from None
     async with _kit(request).sessions() as session, session.begin():
-        return await service.transition_artifact(
+        view = await service.transition_artifact(
             session,
             principal,
             artifact_id,
@@ -347,6 +359,8 @@ async def transition_artifact(
             expected_version=expected,
             reverified=reverified,
         )
+    _count(request, "transitions", body.to.value)
+    return view
 
 
 # ------------------------------------------------------------------------------------------ apps
@@ -510,6 +524,24 @@ async def list_entitlements(request: Request, principal: CurrentPrincipal, tenan
     async with _kit(request).sessions() as session:
         tid, _ = await service.reader_tenant(session, principal, tenant_id)
         return await service.list_entitlements(session, tid)
+
+
+# --------------------------------------------------------------------------------------- snapshot
+
+
+@router.get("/snapshot/{entity}", tags=["admin"])
+async def snapshot(
+    request: Request,
+    entity: Literal["manifests", "artifacts", "entitlements"],
+    _: Annotated[Principal, Depends(require("platform.admin"))],
+    after: uuid.UUID | None = None,
+    limit: int = Query(500, ge=1, le=1000),
+) -> Any:
+    """Paged full state (the events' payloads), to bootstrap a projection only; never on a request path.
+    Page with `after=<next>` until `next` is null."""
+    async with _kit(request).sessions() as session:
+        items, nxt = await service.snapshot(session, entity, after, limit)
+    return {"items": items, "next": nxt}
 
 
 # ------------------------------------------------------------------------------------------- seed

@@ -747,3 +747,20 @@ async def check_compatibility(
         "deployable": not reasons and not deploy_reasons,
         "reasons": reasons + deploy_reasons,
     }
+
+
+async def snapshot(
+    session: AsyncSession, entity: str, after: uuid.UUID | None, limit: int
+) -> tuple[list[dict[str, Any]], uuid.UUID | None]:
+    table, key, to_state = {
+        "manifests": (manifests, manifests.c.manifest_id, manifest_state),
+        "artifacts": (artifacts, artifacts.c.artifact_id, artifact_state),
+        "entitlements": (entitlements, entitlements.c.entitlement_id, entitlement_state),
+    }[entity]
+    q = select(table).order_by(key).limit(limit)
+    if after is not None:
+        q = q.where(key > after)
+    rows = (await session.execute(q)).all()
+    items = [to_state(r).model_dump(mode="json") for r in rows]
+    nxt = getattr(rows[-1], key.name) if len(rows) == limit else None
+    return items, nxt
