@@ -1,6 +1,14 @@
 """Settings of the app_runtime service (env prefix `GPUAAS_APP_RUNTIME_`)."""
 
+from typing import Literal
+
+from pydantic import SecretStr
+
 from gpuaas.kit.settings import ServiceSettings, service_config
+
+# Local-development key-encryption key (base64 of 32 bytes). Production sets its own
+# (GPUAAS_APP_RUNTIME_CREDENTIAL_KEK) or uses Vault; the service logs a warning while this one is used.
+DEV_KEK = "ZGV2LW9ubHkta2VrLWRvLW5vdC11c2UtaW4tcHJvZCE="
 
 
 class Settings(ServiceSettings):
@@ -8,3 +16,23 @@ class Settings(ServiceSettings):
 
     service_name: str = "app_runtime"
     port: int = 8004
+
+    # Member operation leases.
+    lease_default_s: int = 30
+    lease_max_s: int = 600
+    reconcile_interval_s: float = 2.0
+    # A release request whose members are not cleared by then is cleared as forced.
+    release_clearance_timeout_s: int = 600
+
+    # Access credential custody: "schema" (AES-256-GCM envelope encryption in this service's schema)
+    # or "vault" (HashiCorp Vault KV v2 through hvac).
+    credential_backend: Literal["schema", "vault"] = "schema"
+    credential_kek: SecretStr = SecretStr(DEV_KEK)
+    credential_kek_id: str = "kek-1"
+    vault_url: str = "http://127.0.0.1:8200"
+    vault_token: SecretStr | None = None
+    vault_mount: str = "secret"
+    vault_path_prefix: str = "gpuaas/app-runtime/credentials"
+
+    # SSE: how often the stream looks for new timeline entries.
+    sse_poll_interval_s: float = 0.5

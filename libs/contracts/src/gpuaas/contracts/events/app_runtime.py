@@ -100,6 +100,14 @@ class InstanceState(Payload):
     failure_reason: str | None = None
     decommission: DecommissionReport | None = None
     version: int = Field(ge=1)
+    desired_manifest_id: uuid.UUID | None = Field(
+        default=None, description="manifest an upgrade/rollback asked for; None when none is in flight"
+    )
+    desired_app_version: str | None = None
+    previous_manifest_id: uuid.UUID | None = Field(default=None, description="what a rollback returns to")
+    controller_service_account_id: uuid.UUID | None = Field(
+        default=None, description="the service account bound as this app's controller in the project"
+    )
 
 
 class MemberState(Payload):
@@ -146,6 +154,12 @@ class MemberOperationState(Payload):
     error: str | None = None
     forced: bool = Field(default=False, description="an operator forced the outcome (e.g. force-fail)")
     version: int = Field(ge=1)
+    result: dict[str, Any] = Field(
+        default_factory=dict, description="what the controller reported on completion (e.g. teardown evidence)"
+    )
+    result_member_id: uuid.UUID | None = Field(
+        default=None, description="member created by the operation (add, replace, recover)"
+    )
 
 
 class AccessGrantState(Payload):
@@ -187,6 +201,13 @@ class InstanceCreated(Event):
     """An instance was requested (Deploy)."""
 
     type: Literal["instance.created"] = "instance.created"
+    data: InstanceState
+
+
+class InstanceUpdated(Event):
+    """Same status; health, runtime detail, config, desired version or the running version changed."""
+
+    type: Literal["instance.updated"] = "instance.updated"
     data: InstanceState
 
 
@@ -349,6 +370,7 @@ class ReleaseClearanceGranted(Event):
 
 EVENTS: tuple[type[Event], ...] = (
     InstanceCreated,
+    InstanceUpdated,
     InstanceStarting,
     InstanceRunning,
     InstanceDegraded,

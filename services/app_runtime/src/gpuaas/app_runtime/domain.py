@@ -1,0 +1,191 @@
+"""App-runtime rules without I/O: lifecycles as transition tables, placement and deploy checks,
+the instance status derived from its members."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from gpuaas.contracts.enums import AllocationStatus, CapacityShape, InstanceStatus
+from gpuaas.contracts.events.app_runtime import MemberStatus, OperationKind, OperationStatus
+from gpuaas.kit.errors import Conflict, Unprocessable
+
+IS = InstanceStatus
+OS = OperationStatus
+MS = MemberStatus
+
+INSTANCE_TRANSITIONS: dict[InstanceStatus, frozenset[InstanceStatus]] = {
+    IS.created: frozenset({IS.starting, IS.running, IS.degraded, IS.failed, IS.stopping, IS.decommissioning}),
+    IS.starting: frozenset({IS.running, IS.degraded, IS.failed, IS.stopping, IS.decommissioning}),
+    IS.running: frozenset({IS.degraded, IS.stopping, IS.failed, IS.decommissioning}),
+    IS.degraded: frozenset({IS.running, IS.stopping, IS.failed, IS.decommissioning}),
+    IS.stopping: frozenset({IS.stopped, IS.failed, IS.decommissioning}),
+    IS.stopped: frozenset({IS.starting, IS.decommissioning}),
+    IS.failed: frozenset({IS.starting, IS.running, IS.degraded, IS.decommissioning}),
+    IS.decommissioning: frozenset({IS.decommissioned, IS.decommission_failed}),
+    # retry of the teardown, or the forced path (recorded as forced)
+    IS.decommission_failed: frozenset({IS.decommissioning, IS.decommissioned}),
+    IS.decommissioned: frozenset(),
+}
+
+OPERATION_TRANSITIONS: dict[OperationStatus, frozenset[OperationStatus]] = {
+    OS.pending: frozenset({OS.claimed, OS.cancelled, OS.failed}),
+    OS.claimed: frozenset({OS.in_progress, OS.succeeded, OS.failed, OS.cancelled, OS.pending}),
+    OS.in_progress: frozenset({OS.in_progress, OS.succeeded, OS.failed, OS.cancelled, OS.pending}),
+    OS.succeeded: frozenset(),
+    OS.failed: frozenset({OS.pending}),  # operator retry
+    OS.cancelled: frozenset({OS.pending}),  # operator retry
+}
+
+TERMINAL_OPS = frozenset({OS.succeeded, OS.failed, OS.cancelled})
+OPEN_OPS = frozenset({OS.pending, OS.claimed, OS.in_progress})
+# Instance states in which members and operations are driven by the controller and status is derived.
+LIVE_INSTANCE = frozenset({IS.created, IS.starting, IS.running, IS.degraded, IS.failed})
+# A member in one of these still has something on its allocation.
+MEMBER_GONE = frozenset({MS.removed, MS.stopped})
+# Operations that need a target member; add creates one.
+NEEDS_MEMBER = frozenset({OperationKind.drain, OperationKind.remove, OperationKind.replace, OperationKind.recover})
+
+
+def check_instance_transition(current: str, target: InstanceStatus) -> None:
+    if target not in INSTANCE_TRANSITIONS[InstanceStatus(current)]:
+        raise Conflict(f"an instance cannot go from {current} to {target}", code="invalid_instance_transition")
+
+
+def check_operation_transition(current: str, target: OperationStatus) -> None:
+    if target not in OPERATION_TRANSITIONS[OperationStatus(current)]:
+        raise Conflict(f"an operation cannot go from {current} to {target}", code="invalid_operation_transition")
+
+
+@dataclass(frozen=True)
+class AllocationView:
+    allocation_id: uuid.UUID
+    project_id: uuid.UUID
+    status: str
+    shape: str
+    gpu_count: int
+
+
+def check_placement(
+    *,
+    project_id: uuid.UUID,
+    mode: str,
+    controller_allocation_id: uuid.UUID | None,
+    worker_allocation_ids: Sequence[uuid.UUID],
+    allocations: Mapping[uuid.UUID, AllocationView],
+    compatibility: Mapping[str, Any],
+) -> None:
+    """Refuse a placement that the manifest's compatibility or the allocations do not allow, saying why."""
+    if controller_allocation_id is None:
+        raise Unprocessable("placement_intent.controller_allocation_id is required", code="placement_invalid")
+    if len(set(worker_allocation_ids)) != len(worker_allocation_ids):
+        raise Unprocessable("a worker allocation is listed twice", code="placement_invalid")
+    if mode == "same_node" and any(w != controller_allocation_id for w in worker_allocation_ids):
+        raise Unprocessable(
+            "same_node placement puts every member on the controller allocation", code="placement_invalid"
+        )
+    if mode == "split" and controller_allocation_id in worker_allocation_ids:
+        raise Unprocessable("split placement needs workers on other allocations", code="placement_invalid")
+    distinct = {controller_allocation_id, *worker_allocation_ids}
+    if len(distinct) > 1 and not compatibility.get("multi_allocation", False):
+        raise Unprocessable("this app does not span several allocations", code="incompatible_multi_allocation")
+    for allocation_id in [controller_allocation_id, *worker_allocation_ids]:
+        check_allocation(allocation_id, project_id, allocations.get(allocation_id), compatibility)
+
+
+def check_allocation(
+    allocation_id: uuid.UUID,
+    project_id: uuid.UUID,
+    alloc: AllocationView | None,
+    compatibility: Mapping[str, Any],
+) -> None:
+    if alloc is None or alloc.project_id != project_id:
+        raise Unprocessable(
+            f"allocation {allocation_id} is not in this project",
+            code="allocation_not_in_project",
+            allocation_id=str(allocation_id),
+        )
+    if alloc.status != AllocationStatus.active:
+        raise Conflict(
+            f"allocation {allocation_id} is {alloc.status}, not active",
+            code="allocation_not_active",
+            allocation_id=str(allocation_id),
+        )
+    shapes = compatibility.get("requires_capacity_shape") or [s.value for s in CapacityShape]
+    if alloc.shape not in shapes:
+        raise Unprocessable(
+            f"allocation {allocation_id} is {alloc.shape}; this app needs {' or '.join(shapes)}",
+            code="incompatible_shape",
+            allocation_id=str(allocation_id),
+        )
+    if compatibility.get("requires_exclusive_node") and alloc.shape != CapacityShape.baremetal:
+        raise Unprocessable(
+            f"this app needs an exclusive node; allocation {allocation_id} is a slice",
+            code="incompatible_shape",
+            allocation_id=str(allocation_id),
+        )
+    min_gpus = int(compatibility.get("min_gpu_count", 0) or 0)
+    if alloc.gpu_count < min_gpus:
+        raise Unprocessable(
+            f"allocation {allocation_id} has {alloc.gpu_count} GPUs; this app needs at least {min_gpus}",
+            code="insufficient_gpus",
+            allocation_id=str(allocation_id),
+        )
+
+
+def validate_config(schema: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    """Deploy inputs against the manifest's JSON Schema; every violation is listed."""
+    try:
+        validator_cls = jsonschema.validators.validator_for(schema)
+        validator_cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:  # catalog validates manifests; be safe anyway
+        raise Unprocessable(f"the app's inputs schema is invalid: {exc.message}", code="app_inputs_invalid") from exc
+    errors = sorted(validator_cls(schema).iter_errors(dict(config)), key=lambda e: list(e.path))
+    if errors:
+        raise Unprocessable(
+            "config does not match the app's inputs: " + "; ".join(_describe(e) for e in errors[:10]),
+            code="invalid_config",
+            errors=[{"path": list(e.path), "message": e.message} for e in errors[:50]],
+        )
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    where = "/".join(str(p) for p in error.path) or "(root)"
+    return f"{where}: {error.message}"
+
+
+def component_keys(roles: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
+    """(controller key, worker key): the manifest's first two adapter roles, else controller/worker."""
+    keys = [r["key"] for r in roles if r.get("key")]
+    if not keys:
+        return "controller", "worker"
+    return keys[0], keys[1] if len(keys) > 1 else keys[0]
+
+
+def derive_instance_status(current: str, member_statuses: Sequence[str]) -> InstanceStatus:
+    """Status of a live instance from its (non-tombstoned) members."""
+    status = InstanceStatus(current)
+    if status not in LIVE_INSTANCE:
+        return status
+    if any(s == MS.failed for s in member_statuses):
+        return IS.degraded
+    if member_statuses and all(s == MS.active for s in member_statuses):
+        return IS.running
+    if any(s in (MS.starting, MS.pending) for s in member_statuses):
+        return IS.starting if status in (IS.created, IS.starting) else status
+    if status == IS.failed:
+        return status
+    # Every member gone or draining: still degraded relative to what was deployed.
+    return IS.degraded if status in (IS.running, IS.degraded) else status
+
+
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Natural order of version labels: "1.10" > "1.9" > "1.9-rc1"; digits compare as numbers."""
+    import re
+
+    parts = re.findall(r"\d+|[a-zA-Z]+", version)
+    return tuple((1, int(p)) if p.isdigit() else (0, p) for p in parts)
