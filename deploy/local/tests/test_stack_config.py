@@ -1,0 +1,127 @@
+"""Fast checks of the Stack's configuration: ports, environment, secrets, external servers. No processes."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from gpuaas.devstack import stack as stack_mod
+from gpuaas.devstack.stack import DEFAULT_PORTS, SERVICES, Stack, StackConfig, StackError
+
+
+def test_defaults_are_the_documented_ports(tmp_path: Path) -> None:
+    s = Stack(StackConfig(root=tmp_path))
+    assert s.ports == DEFAULT_PORTS
+    assert s.gateway_url == "http://127.0.0.1:8000"
+    assert s.service_url("app_runtime") == "http://127.0.0.1:8004"
+    assert s.kafka_bootstrap == "127.0.0.1:9092"
+    assert s.names == [*SERVICES, "gateway"]
+    assert not s.external_database and not s.external_broker
+
+
+def test_free_ports_are_distinct_and_overridable(tmp_path: Path) -> None:
+    s = Stack(StackConfig(root=tmp_path, free_ports=True, ports={"gateway": 18_000}))
+    assert s.ports["gateway"] == 18_000
+    assert len(set(s.ports.values())) == len(DEFAULT_PORTS)
+    assert s.kafka_bootstrap == f"127.0.0.1:{s.ports['kafka']}"
+
+
+def test_env_for_wires_each_service(tmp_path: Path) -> None:
+    s = Stack(StackConfig(root=tmp_path, free_ports=True, env={"*": {"GPUAAS_X": "1"}, "billing": {"GPUAAS_Y": "2"}}))
+    env = s.env_for("identity")
+    url = urlsplit(env["GPUAAS_IDENTITY_DATABASE_URL"])
+    assert url.scheme == "postgresql+asyncpg"
+    assert url.username == "gpuaas_identity"
+    assert url.path == "/gpuaas"
+    assert url.port == s.ports["postgres"]
+    assert env["GPUAAS_IDENTITY_PORT"] == str(s.ports["identity"])
+    assert env["GPUAAS_IDENTITY_HOST"] == "127.0.0.1"
+    assert env["GPUAAS_IDENTITY_LOG_JSON"] == "true"
+    assert env["GPUAAS_KAFKA_BOOTSTRAP"] == s.kafka_bootstrap
+    assert env["GPUAAS_JWKS_URL"] == f"http://127.0.0.1:{s.ports['identity']}/.well-known/jwks.json"
+    assert env["GPUAAS_JWT_ISSUER"] == f"{s.gateway_url}/api/identity"
+    assert env["GPUAAS_IDENTITY_PUBLIC_URL"] == f"{s.gateway_url}/api/identity"
+    assert (env["GPUAAS_IDENTITY_BOOTSTRAP_ADMIN_EMAIL"], env["GPUAAS_IDENTITY_BOOTSTRAP_ADMIN_PASSWORD"]) == (
+        s.admin_login
+    )
+    assert env["GPUAAS_X"] == "1" and "GPUAAS_Y" not in env
+
+    app_env = s.env_for("app_runtime")
+    assert urlsplit(app_env["GPUAAS_APP_RUNTIME_DATABASE_URL"]).username == "gpuaas_app_runtime"
+    assert "GPUAAS_IDENTITY_BOOTSTRAP_ADMIN_EMAIL" not in app_env
+    assert s.env_for("billing")["GPUAAS_Y"] == "2"
+
+    gw = s.env_for("gateway")
+    assert json.loads(gw["GPUAAS_GATEWAY_UPSTREAMS"]) == {n: s.service_url(n) for n in SERVICES}
+    assert not any(k.endswith("DATABASE_URL") for k in gw)
+
+
+def test_process_env_keeps_the_superuser_url_from_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUAAS_DATABASE_URL", "postgresql://postgres:secret@db.example:5432/postgres")
+    s = Stack(root=tmp_path)
+    assert s.external_database
+    env = s._process_env("catalog")
+    assert "GPUAAS_DATABASE_URL" not in env
+    assert "secret" not in json.dumps(env)
+
+
+def test_secrets_are_generated_once_and_private(tmp_path: Path) -> None:
+    a = Stack(StackConfig(root=tmp_path))
+    first = (a.admin_login, a.service_password("billing"), a.database_url("billing"))
+    b = Stack(StackConfig(root=tmp_path))
+    assert (b.admin_login, b.service_password("billing"), b.database_url("billing")) == first
+    assert a.service_password("billing") != a.service_password("catalog")
+    assert stat.S_IMODE((tmp_path / "secrets.json").stat().st_mode) == 0o600
+    assert a.admin_login[0] == "admin@gpuaas.local"
+
+
+def test_external_servers_from_env(tmp_path: Path) -> None:
+    env = {
+        "GPUAAS_DATABASE_URL": "postgresql://postgres:pw@db.example:5432/postgres",
+        "GPUAAS_KAFKA_BOOTSTRAP": "kafka.example:9093",
+    }
+    s = Stack(StackConfig.from_env(env, root=tmp_path))
+    t = Stack(StackConfig.from_env(env, root=tmp_path / "other"))
+    assert s.pg is None and s.tansu is None
+    assert s.kafka_bootstrap == "kafka.example:9093"
+    assert s.env_for("metering")["GPUAAS_KAFKA_BOOTSTRAP"] == "kafka.example:9093"
+    assert s.database_admin_url == "postgresql://postgres:pw@db.example:5432/gpuaas"
+    assert urlsplit(s.database_url("metering")).hostname == "db.example"
+    # Roles are global to a server: every stack on the same server must agree on their passwords.
+    assert s.service_password("metering") == t.service_password("metering")
+    with pytest.raises(StackError, match="external"):
+        s.restart_broker()
+    with pytest.raises(StackError, match="external"):
+        s.restart_postgres()
+
+
+def test_missing_module_is_an_error_unless_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stack_mod, "module_available", lambda name: name != "gateway")
+    s = Stack(StackConfig(root=tmp_path, free_ports=True))
+    with pytest.raises(StackError, match=r"gpuaas\.gateway"):
+        s.start()
+    assert not (tmp_path / "pg").exists()  # failed before starting anything
+
+    skipping = Stack(StackConfig(root=tmp_path, free_ports=True, skip_missing=True))
+    skipping._select_services()
+    assert skipping.skipped == ["gateway"]
+    assert "gateway" not in skipping.names
+
+
+def test_unknown_service_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(StackError, match="unknown services"):
+        Stack(StackConfig(root=tmp_path, services=["identity", "payments"]))
+
+
+def test_process_control_needs_a_started_stack(tmp_path: Path) -> None:
+    s = Stack(StackConfig(root=tmp_path, free_ports=True))
+    for call in (lambda: s.start_service("billing"), s.restart_broker, s.restart_postgres):
+        with pytest.raises(StackError, match="not started"):
+            call()
+    assert s.supervise_once() == []
+    s.stop()  # a no-op, not an error
+    assert not (tmp_path / "stack.json").exists()
