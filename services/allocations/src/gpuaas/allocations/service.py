@@ -783,10 +783,10 @@ async def _project_gpu_usage(session: AsyncSession, project_id: uuid.UUID) -> in
 
 async def _check_quota(session: AsyncSession, project_id: uuid.UUID, extra: int) -> None:
     """Serialise GPU-holding changes of one project (advisory lock), then check its quota."""
+    if (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).first() is None:
+        return  # no quota: nothing to serialise
     await session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:p, 7))"), {"p": str(project_id)})
-    q = (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).first()
-    if q is None:
-        return
+    q = (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).one()
     used = await _project_gpu_usage(session, project_id)
     if used + extra > q.max_gpus:
         raise Conflict(
@@ -839,19 +839,23 @@ async def _place(
             f"no host offers GPU model {model!r}; known models: {', '.join(known) or 'none'}", code="unknown_gpu_model"
         )
     want = count or 1
-    for cand in domain.candidates(snapshot, shape=shape, model=model, count=want, host_class=host_class):
-        host = (await session.execute(select(hosts).where(hosts.c.host_id == cand.host_id).with_for_update())).one()
-        fresh = (await _capacities(session, [cand.host_id]))[0]
-        if host.status != HostStatus.ready:
-            continue
-        picked = domain.pick_gpus(fresh, shape=shape, model=model, count=want)
-        if picked is None or (shape is CapacityShape.baremetal and count and count != len(picked)):
-            continue
-        await session.execute(
-            insert(gpu_assignments),
-            [{"host_id": host.host_id, "gpu_index": i, "allocation_id": alloc_id} for i in picked],
-        )
-        return host, picked
+    # Pass 1 skips hosts other requests hold, so concurrent creates spread over hosts; pass 2 waits.
+    for skip_locked in (True, False):
+        for cand in domain.candidates(snapshot, shape=shape, model=model, count=want, host_class=host_class):
+            lock = select(hosts).where(hosts.c.host_id == cand.host_id).with_for_update(skip_locked=skip_locked)
+            host = (await session.execute(lock)).first()
+            if host is None or host.status != HostStatus.ready:
+                continue
+            fresh = (await _capacities(session, [cand.host_id]))[0]
+            picked = domain.pick_gpus(fresh, shape=shape, model=model, count=want)
+            if picked is None or (shape is CapacityShape.baremetal and count and count != len(picked)):
+                continue
+            await session.execute(
+                insert(gpu_assignments),
+                [{"host_id": host.host_id, "gpu_index": i, "allocation_id": alloc_id} for i in picked],
+            )
+            return host, picked
+        snapshot = await _capacities(session)
     what = f"a whole {model} host" if shape is CapacityShape.baremetal else f"{want} free {model} GPUs on one host"
     raise Conflict(
         f"no ready host has {what}" + (f" in class {host_class!r}" if host_class else ""), code="insufficient_capacity"
