@@ -196,7 +196,8 @@ async def test_controller_drives_the_cluster_lifecycle(rt, world: World) -> None
     everyone = await user.members(instance_id, include_tombstones=True)
     old = next(m for m in everyone if m.member_id == failed.member_id)
     new = next(m for m in everyone if m.member_id != failed.member_id and m.allocation_id == a_bad)
-    assert old.tombstoned and "recover" in (old.tombstone_reason or "") and new.status == "active"
+    assert old.tombstoned and old.status == "failed" and "recover" in (old.tombstone_reason or "")
+    assert new.status == "active"
     ops = {o.operation_id: o for o in await user.operations(instance_id)}
     assert ops[recover.operation_id].status == "succeeded"
     assert ops[recover.operation_id].result_member_id == new.member_id

@@ -72,6 +72,31 @@ class Client:
         self.token = data["access_token"]
         return self.token
 
+    async def login_client(self, client_id: str, client_secret: str, scope: str | None = None) -> str:
+        """`client_credentials` for a project service account (e.g. an app controller)."""
+        form = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret}
+        if scope:
+            form["scope"] = scope
+        data = await self.request("POST", "/api/identity/auth/token", data=form, authenticated=False)
+        self.token = data["access_token"]
+        return self.token
+
+    def use_client_credentials(self, client_id: str, client_secret: str, scope: str | None = None) -> None:
+        """Fetch a fresh service-account token whenever the current one is missing or rejected (401)."""
+
+        async def provider() -> str:
+            async with httpx.AsyncClient(base_url=str(self._http.base_url), timeout=30) as http:
+                form = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret}
+                if scope:
+                    form["scope"] = scope
+                r = await http.post("/api/identity/auth/token", data=form)
+                if r.status_code >= 400:
+                    raise ApiError(r.status_code, _problem(r))
+                return str(r.json()["access_token"])
+
+        self.token = None
+        self.token_provider = provider
+
     async def request(
         self, method: str, path: str, *, authenticated: bool = True, idempotency_key: str | None = None, **kwargs: Any
     ) -> Any:

@@ -940,7 +940,8 @@ async def complete(
                 session,
                 op.member_id,
                 actor,
-                status=MS.removed,
+                # a recovered member failed: its tombstone keeps saying so
+                status=MS.failed if op.kind == "recover" else MS.removed,
                 tombstoned=True,
                 tombstone_reason=f"replaced by member {op.result_member_id} ({op.kind} {op.operation_id})",
             )
