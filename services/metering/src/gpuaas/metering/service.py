@@ -220,6 +220,9 @@ async def apply_allocation(session: AsyncSession, event: Event) -> None:
             events += await _record_windows(session, ident, ws)
             version += 1
             events.append(us.MeterClosed.build(data=_state(ident, m, version), source=SERVICE, actor=SYSTEM))
+    elif a.status == "release_failed" and m.close_reason == "release_requested":
+        # Already closed at the release request; say on the meter that the release then failed.
+        m.close_reason = f"release_requested (release then failed: {a.failure_reason or 'no reason given'})"
     await _save(session, ident, m, version=version, allocation_version=a.version, insert_new=is_new)
     await add_events(session, events)
 
