@@ -228,7 +228,7 @@ async def test_every_app_usage_event_posted_twice_is_charged_once(stack, gw, ten
     await eventually(first_accepted, 60, "metering knowing the instance")
     before = await ledger(stack)
     statuses = []
-    for round_ in range(2):
+    for _round in range(2):
         for i in range(0, n, 20):
             rs = await asyncio.gather(*[gw.post("/api/metering/usage/app", json=b) for b in bodies[i : i + 20]])
             statuses += [r.status_code for r in rs]
@@ -258,7 +258,7 @@ async def test_every_app_usage_event_posted_twice_is_charged_once(stack, gw, ten
 def gpu_records(tenancy: dict[str, str], n: int) -> list[us.UsageRecorded]:
     base = now() - timedelta(hours=1)
     out = []
-    for i in range(n):
+    for _ in range(n):
         alloc = uuid.uuid4()
         data = us.UsageRecord(
             usage_record_id=us.usage_record_id(alloc, base),
