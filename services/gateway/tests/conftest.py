@@ -137,6 +137,7 @@ class Stack:
             "jwt_audience": AUDIENCE,
             "log_json": True,
             "upstream_connect_timeout_s": 2.0,
+            "console_dir": "",  # the placeholder page unless a test serves a console build
         } | overrides
         return Settings(**values)
 

@@ -14,7 +14,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from gpuaas.gateway import ops, proxy, websocket
+from gpuaas.gateway import console, ops, proxy, websocket
 from gpuaas.gateway.docs import OpenAPIAggregator
 from gpuaas.gateway.ratelimit import TokenBucketLimiter
 from gpuaas.gateway.runtime import GatewayMetrics, GatewayRuntime, upstream_table
@@ -91,6 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(proxy.router)
     app.include_router(websocket.router)
+    if (console_dir := console.find_console(settings.console_dir)) is not None:
+        console.install(app, console_dir)
     return app
 
 

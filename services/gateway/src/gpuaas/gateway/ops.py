@@ -1,4 +1,4 @@
-"""The gateway's own endpoints: `/` (placeholder page), `/healthz`, `/readyz`, `/metrics`,
+"""The gateway's own endpoints: `/` (the web console, else a placeholder page), `/healthz`, `/readyz`, `/metrics`,
 `/openapi.json` (aggregated) and `/docs` (Swagger UI over it)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gpuaas.gateway import console
 from gpuaas.gateway.runtime import GatewayRuntime, Upstream, runtime
 
 router = APIRouter(include_in_schema=False)
@@ -38,7 +39,9 @@ INDEX = """<!doctype html>
 
 
 @router.get("/")
-async def index(request: Request) -> HTMLResponse:
+async def index(request: Request) -> Response:
+    if (page := console.index_response(request)) is not None:
+        return page
     services = ", ".join(f"<code>/api/{html.escape(s)}/</code>" for s in runtime(request).upstreams)
     return HTMLResponse(INDEX.format(services=services))
 

@@ -52,6 +52,10 @@ class Settings(ServiceSettings):
     docs_fetch_timeout_s: float = 3.0
     readiness_timeout_s: float = 2.0
 
+    # The built web console (index.html + assets/) served at `/`. None: web/console/dist of the checkout
+    # if built; "": no console (placeholder page).
+    console_dir: str | None = None
+
     ws_max_message_bytes: int = 16 * 1024 * 1024
     ws_open_timeout_s: float = 10.0
     # On shutdown, open streams (SSE, WebSocket) get this long before they are cut.
