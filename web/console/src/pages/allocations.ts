@@ -1,0 +1,365 @@
+import { describe, del, get, post, token } from "../api";
+import type { Context, Obj } from "../context";
+import { badge, clear, field, h, table, when } from "../dom";
+import { go, type Cleanup } from "../main";
+
+const A = "/api/allocations";
+
+function needProject(main: HTMLElement, ctx: Context): boolean {
+  if (ctx.project) return true;
+  main.append(h("p", { class: "empty" }, "You are not a member of any project yet: ask a tenant admin to add you."));
+  return false;
+}
+
+export async function allocationList(main: HTMLElement, _p: string[], ctx: Context): Promise<void> {
+  main.append(
+    h("div", { class: "title-row" }, h("h1", null, "Allocations"), ctx.project ? h("a", { class: "button primary", href: "#/allocations/new" }, "New allocation") : null),
+  );
+  if (!needProject(main, ctx)) return;
+  const showReleased = h("input", { type: "checkbox", id: "show-released" });
+  const list = h("div", { "aria-live": "polite" });
+  const load = async () => {
+    const rows = await get<Obj[]>(`${A}/projects/${ctx.project!.project_id}/allocations`, { include_released: showReleased.checked });
+    clear(
+      list,
+      table(
+        ["Name", "Status", "GPUs", "Shape", "Host class", "Requested"],
+        rows.map((a) => [
+          h("a", { href: `#/allocations/${a.allocation_id}` }, a.name || a.allocation_id),
+          [badge(a.status), a.failure_reason ? h("span", { class: "reason" }, ` ${a.failure_reason}`) : null],
+          `${a.gpu_count} × ${a.gpu_model}`,
+          a.shape,
+          a.host_class ?? "any",
+          when(a.requested_at),
+        ]),
+        `Allocations of ${ctx.project!.name}`,
+      ),
+    );
+  };
+  showReleased.addEventListener("change", () => void load());
+  main.append(h("label", { class: "inline" }, showReleased, " Show released"), list);
+  await load();
+}
+
+export async function allocationNew(main: HTMLElement, _p: string[], ctx: Context): Promise<void> {
+  main.append(h("h1", null, "New allocation"));
+  if (!needProject(main, ctx)) return;
+  const pid = ctx.project!.project_id;
+  const [volumes, keys] = await Promise.all([
+    get<Obj[]>(`${A}/projects/${pid}/volumes`).catch(() => [] as Obj[]),
+    get<Obj[]>(`${A}/ssh-keys`).catch(() => [] as Obj[]),
+  ]);
+  const name = h("input", { name: "name", required: true, maxlength: 100, value: "workspace" });
+  const shape = h("select", { name: "shape" }, h("option", { value: "gpu_slice" }, "GPU slice (some GPUs of a host)"), h("option", { value: "baremetal" }, "Bare metal (a whole host)"));
+  const model = h("input", { name: "gpu_model", required: true, value: "H100-80GB", list: "gpu-models" });
+  const count = h("input", { name: "gpu_count", type: "number", min: 1, max: 64, value: 1, required: true });
+  const hostClass = h("input", { name: "host_class", maxlength: 64, placeholder: "any" });
+  const volumeBoxes = volumes
+    .filter((v) => v.status !== "deleted")
+    .map((v) => h("label", { class: "inline" }, h("input", { type: "checkbox", name: "volume", value: v.volume_id }), ` ${v.name} (${v.size_gb} GB, ${v.access_mode})`));
+  const err = h("p", { class: "error", role: "alert", hidden: true });
+  const submit = h("button", { type: "submit", class: "primary" }, "Create allocation");
+  shape.addEventListener("change", () => {
+    count.disabled = shape.value === "baremetal";
+  });
+  const form = h(
+    "form",
+    {
+      class: "card",
+      onsubmit: async (e: Event) => {
+        e.preventDefault();
+        err.hidden = true;
+        submit.disabled = true;
+        try {
+          const body: Obj = {
+            name: name.value,
+            shape: shape.value,
+            gpu_model: model.value,
+            gpu_count: shape.value === "baremetal" ? null : Number(count.value),
+            host_class: hostClass.value || null,
+            volume_ids: [...form.querySelectorAll<HTMLInputElement>("input[name=volume]:checked")].map((i) => i.value),
+          };
+          const a = await post<Obj>(`${A}/projects/${pid}/allocations`, body);
+          go(`/allocations/${a.allocation_id}`);
+        } catch (ex) {
+          err.textContent = describe(ex);
+          err.hidden = false;
+        } finally {
+          submit.disabled = false;
+        }
+      },
+    },
+    field("Name", name),
+    field("Shape", shape),
+    field("GPU model", model, "The GPU model to place on, e.g. H100-80GB."),
+    h("datalist", { id: "gpu-models" }, ["H100-80GB", "A100-80GB", "L40S"].map((m) => h("option", { value: m }))),
+    field("GPUs", count, "Ignored for bare metal: the whole host is yours."),
+    field("Host class", hostClass, "Optional: pin a class of hosts."),
+    h(
+      "fieldset",
+      null,
+      h("legend", null, "Volumes"),
+      volumeBoxes.length ? volumeBoxes : h("p", { class: "muted" }, "No volumes in this project. ", h("a", { href: "#/keys" }, "Create one")),
+    ),
+    h(
+      "fieldset",
+      null,
+      h("legend", null, "SSH keys"),
+      keys.length
+        ? h("ul", null, keys.map((k) => h("li", null, `${k.name} `, h("code", null, k.fingerprint))))
+        : h("p", { class: "muted" }, "You have no SSH key yet: the browser terminal still works. ", h("a", { href: "#/keys" }, "Add a key")),
+      h("p", { class: "help" }, "Your personal keys are installed on the allocation; grant others access on its page."),
+    ),
+    err,
+    submit,
+  );
+  main.append(form);
+  name.focus();
+}
+
+const ACTIVE_ACTIONS = new Set(["active"]);
+
+export async function allocationDetail(main: HTMLElement, [id]: string[]): Promise<Cleanup> {
+  let alloc = await get<Obj>(`${A}/allocations/${id}`);
+  const header = h("div", { class: "title-row" });
+  const overview = h("section", { "aria-labelledby": "h-overview", id: "overview" });
+  const actions = h("div", { class: "actions", role: "group", "aria-label": "Actions" });
+  const notice = h("p", { role: "status", class: "notice", "aria-live": "polite" });
+  const sshSection = h("section", { "aria-labelledby": "h-ssh", id: "ssh" });
+  const storage = h("section", { "aria-labelledby": "h-storage", id: "storage" });
+  const timelineList = h("ol", { class: "timeline", id: "timeline", "aria-live": "polite", "aria-label": "Activity timeline" });
+  const metrics = h("section", { "aria-labelledby": "h-metrics", id: "metrics" });
+  const seen = new Set<number>();
+
+  const act = async (what: string, path: string, body?: Obj) => {
+    notice.textContent = `${what}…`;
+    try {
+      alloc = await post<Obj>(`${A}/allocations/${id}/${path}`, body);
+      notice.textContent = `${what}: requested.`;
+      paint();
+    } catch (ex) {
+      notice.textContent = `${what} failed: ${describe(ex)}`;
+    }
+  };
+
+  const paint = () => {
+    clear(header, h("h1", null, alloc.name || "Allocation"), badge(alloc.status));
+    const ep = alloc.ssh_endpoint;
+    clear(
+      overview,
+      h("h2", { id: "h-overview" }, "Overview"),
+      alloc.failure_reason ? h("p", { class: "error", role: "alert" }, `Failure reason: ${alloc.failure_reason}`) : null,
+      alloc.attention ? h("p", { class: "warning", role: "alert" }, `Attention: ${alloc.attention}`) : null,
+      h(
+        "dl",
+        { class: "facts" },
+        h("dt", null, "Status"),
+        h("dd", { id: "alloc-status" }, alloc.status),
+        h("dt", null, "GPUs"),
+        h("dd", null, `${alloc.gpu_count} × ${alloc.gpu_model} (${alloc.shape})`, alloc.target_gpu_count ? ` → ${alloc.target_gpu_count}` : ""),
+        h("dt", null, "GPU indices"),
+        h("dd", null, (alloc.gpu_indices ?? []).join(", ") || "—"),
+        h("dt", null, "SSH"),
+        h("dd", null, ep ? h("code", null, `ssh -p ${ep.port} ${ep.username}@${ep.host}`) : "not yet"),
+        h("dt", null, "Requested"),
+        h("dd", null, when(alloc.requested_at)),
+        h("dt", null, "Active since"),
+        h("dd", null, when(alloc.activated_at)),
+        h("dt", null, "After release"),
+        h("dd", null, alloc.after_release ?? "—"),
+      ),
+    );
+    const resizeInput = h("input", { type: "number", min: 1, max: 64, value: alloc.gpu_count, "aria-label": "New GPU count", class: "small" });
+    let confirming = false;
+    const release = h("button", { type: "button", class: "danger", id: "release" }, "Release");
+    release.addEventListener("click", () => {
+      if (!confirming) {
+        confirming = true;
+        release.textContent = "Confirm release";
+        return;
+      }
+      void act("Release", "release");
+    });
+    clear(
+      actions,
+      ACTIVE_ACTIONS.has(alloc.status) ? h("a", { class: "button", href: `#/allocations/${id}/terminal` }, "Open terminal") : null,
+      ACTIVE_ACTIONS.has(alloc.status) ? h("button", { type: "button", onclick: () => act("Restart", "restart") }, "Restart") : null,
+      ACTIVE_ACTIONS.has(alloc.status) && alloc.shape === "gpu_slice"
+        ? h("span", { class: "inline" }, resizeInput, h("button", { type: "button", onclick: () => act("Resize", "resize", { gpu_count: Number(resizeInput.value) }) }, "Resize"))
+        : null,
+      ["active", "failed", "provisioning", "requested"].includes(alloc.status) ? release : null,
+      alloc.status === "release_failed" ? h("button", { type: "button", class: "danger", onclick: () => act("Retry release", "retry-release") }, "Retry release") : null,
+    );
+  };
+
+  const loadSsh = async () => {
+    const [keys, grants] = await Promise.all([
+      get<Obj[]>(`${A}/ssh-keys`).catch(() => [] as Obj[]),
+      get<Obj[]>(`${A}/allocations/${id}/ssh-grants`).catch(() => [] as Obj[]),
+    ]);
+    const user = h("input", { name: "user_id", required: true, placeholder: "user id" });
+    const key = h("textarea", { name: "public_key", required: true, rows: 2, placeholder: "ssh-ed25519 AAAA…" });
+    const err = h("p", { class: "error", role: "alert", hidden: true });
+    clear(
+      sshSection,
+      h("h2", { id: "h-ssh" }, "SSH access"),
+      h("h3", null, "Your keys"),
+      keys.length ? h("ul", null, keys.map((k) => h("li", null, `${k.name} `, h("code", null, k.fingerprint)))) : h("p", { class: "muted" }, "No personal key. ", h("a", { href: "#/keys" }, "Add one")),
+      h("h3", null, "Grants"),
+      table(
+        ["User", "Fingerprint", "Origin", "Status", ""],
+        grants.map((g) => [
+          g.user_id ?? "—",
+          h("code", null, g.fingerprint),
+          g.origin,
+          badge(g.status),
+          g.status === "active"
+            ? h("button", { type: "button", class: "secondary", onclick: async () => { await del(`${A}/allocations/${id}/ssh-grants/${g.grant_id}`).catch(() => null); await loadSsh(); } }, "Revoke")
+            : "",
+        ]),
+      ),
+      h(
+        "form",
+        {
+          class: "inline-form",
+          onsubmit: async (e: Event) => {
+            e.preventDefault();
+            try {
+              await post(`${A}/allocations/${id}/ssh-grants`, { user_id: user.value.trim(), public_key: key.value.trim() });
+              await loadSsh();
+            } catch (ex) {
+              err.textContent = describe(ex);
+              err.hidden = false;
+            }
+          },
+        },
+        h("h3", null, "Grant a project member access"),
+        field("Member user id", user),
+        field("Their public key", key),
+        err,
+        h("button", { type: "submit" }, "Grant access"),
+      ),
+    );
+  };
+
+  const loadStorage = async () => {
+    const vols: Obj[] = alloc.volumes ?? [];
+    clear(
+      storage,
+      h("h2", { id: "h-storage" }, "Storage"),
+      table(
+        ["Volume", "Mount path", "After release"],
+        vols.map((v) => [v.name ?? v.volume_id, h("code", null, v.mount_path ?? "—"), v.after_release ?? (v.persist ? "kept" : "deleted")]),
+      ),
+    );
+  };
+
+  const loadMetrics = async () => {
+    const parts: HTMLElement[] = [h("h2", { id: "h-metrics" }, "Metrics and health")];
+    try {
+      const m = await get<Obj>(`/api/metering/meters/${id}`);
+      parts.push(
+        h(
+          "dl",
+          { class: "facts" },
+          h("dt", null, "Meter"),
+          h("dd", null, badge(m.status)),
+          h("dt", null, "Metered since"),
+          h("dd", null, when(m.opened_at)),
+          h("dt", null, "Billed until"),
+          h("dd", null, when(m.billed_until)),
+          m.suspend_reason ? [h("dt", null, "Suspended"), h("dd", null, `${m.suspend_reason} at ${when(m.suspended_at)}`)] : null,
+          m.closed_at ? [h("dt", null, "Closed"), h("dd", null, `${when(m.closed_at)} (${m.close_reason ?? ""})`)] : null,
+        ),
+      );
+    } catch (ex) {
+      parts.push(h("p", { class: "muted" }, `No usage meter yet: ${describe(ex)}`));
+    }
+    try {
+      const charges = await get<Obj[]>("/api/billing/charges", { allocation_id: id, limit: 20 });
+      const total = charges.reduce((s, c) => s + Number(c.amount ?? 0), 0);
+      parts.push(h("p", null, `Charged so far: ${charges.length ? `${total.toFixed(4)} ${charges[0].currency}` : "nothing yet"}`));
+    } catch (ex) {
+      parts.push(h("p", { class: "muted" }, `Charges are not available to you: ${describe(ex)}`));
+    }
+    clear(metrics, ...parts);
+  };
+
+  clear(
+    main,
+    header,
+    h("nav", { class: "subnav", "aria-label": "Allocation sections" }, [
+      h("a", { href: "#overview", onclick: jump("overview") }, "Overview"),
+      h("a", { href: "#ssh", onclick: jump("ssh") }, "SSH access"),
+      h("a", { href: "#storage", onclick: jump("storage") }, "Storage"),
+      h("a", { href: "#activity", onclick: jump("activity") }, "Activity"),
+      h("a", { href: "#metrics", onclick: jump("metrics") }, "Metrics"),
+    ]),
+    actions,
+    notice,
+    overview,
+    h("section", { "aria-labelledby": "h-activity", id: "activity" }, h("h2", { id: "h-activity" }, "Activity (live)"), timelineList),
+    sshSection,
+    storage,
+    metrics,
+  );
+  paint();
+  void loadSsh();
+  void loadStorage();
+  void loadMetrics();
+
+  // Live timeline: every entry, then new ones as they happen (SSE); the allocation is re-read on each.
+  let refetch: number | undefined;
+  const addEntry = (e: Obj) => {
+    if (seen.has(e.seq)) return;
+    seen.add(e.seq);
+    timelineList.append(
+      h(
+        "li",
+        { "data-phase": e.phase, "data-status": e.status },
+        h("span", { class: "phase" }, e.phase),
+        " ",
+        badge(e.status),
+        " ",
+        h("span", null, e.message),
+        h("time", { datetime: e.started_at }, ` ${when(e.started_at)}`),
+      ),
+    );
+    window.clearTimeout(refetch);
+    refetch = window.setTimeout(async () => {
+      try {
+        alloc = await get<Obj>(`${A}/allocations/${id}`);
+        paint();
+        void loadStorage();
+      } catch {
+        // keep the last state
+      }
+    }, 150);
+  };
+  const source = new EventSource(`${A}/allocations/${id}/timeline/stream?access_token=${encodeURIComponent(await token())}`);
+  source.addEventListener("timeline", (ev) => addEntry(JSON.parse((ev as MessageEvent).data)));
+  // Also poll the allocation now and then: status changes without a timeline entry still show.
+  const poll = window.setInterval(async () => {
+    try {
+      const fresh = await get<Obj>(`${A}/allocations/${id}`);
+      if (fresh.version !== alloc.version) {
+        alloc = fresh;
+        paint();
+      }
+    } catch {
+      // transient
+    }
+  }, 3000);
+  return () => {
+    source.close();
+    window.clearInterval(poll);
+    window.clearTimeout(refetch);
+  };
+}
+
+function jump(id: string) {
+  return (e: Event) => {
+    e.preventDefault();
+    document.getElementById(id)?.scrollIntoView();
+  };
+}

@@ -1,0 +1,150 @@
+import { anonymous, describe, login, ApiError } from "../api";
+import { type Obj } from "../context";
+import { clear, field, h } from "../dom";
+import { go } from "../main";
+
+type Tab = "work" | "personal";
+
+export async function loginPage(main: HTMLElement): Promise<void> {
+  let tab: Tab = (localStorage.getItem("gpuaas.login-tab") as Tab) || "work";
+  const panel = h("div", { role: "tabpanel", id: "login-panel" });
+  const tabs: Record<Tab, HTMLButtonElement> = {
+    work: h("button", { type: "button", role: "tab", id: "tab-work", "aria-controls": "login-panel" }, "Work account"),
+    personal: h("button", { type: "button", role: "tab", id: "tab-personal", "aria-controls": "login-panel" }, "Personal account"),
+  };
+  const show = (t: Tab) => {
+    tab = t;
+    localStorage.setItem("gpuaas.login-tab", t);
+    for (const [name, btn] of Object.entries(tabs)) {
+      btn.setAttribute("aria-selected", String(name === t));
+      btn.tabIndex = name === t ? 0 : -1;
+    }
+    panel.setAttribute("aria-labelledby", `tab-${t}`);
+    if (t === "work") workForm(panel);
+    else passwordForm(panel, "", "Sign in with your email and password.");
+  };
+  tabs.work.addEventListener("click", () => show("work"));
+  tabs.personal.addEventListener("click", () => show("personal"));
+  const list = h("div", { role: "tablist", "aria-label": "Account type" }, tabs.work, tabs.personal);
+  list.addEventListener("keydown", (e) => {
+    if (e.key === "ArrowRight" || e.key === "ArrowLeft") {
+      const next: Tab = tab === "work" ? "personal" : "work";
+      show(next);
+      tabs[next].focus();
+    }
+  });
+  clear(main, h("section", { class: "card login" }, h("h1", null, "Sign in to GPUaaS"), list, panel));
+  show(tab);
+}
+
+function errorBox(): HTMLElement {
+  return h("p", { class: "error", role: "alert", "aria-live": "assertive", hidden: true });
+}
+
+function showError(box: HTMLElement, message: string | null): void {
+  box.textContent = message ?? "";
+  box.hidden = !message;
+}
+
+function workForm(panel: HTMLElement): void {
+  const email = h("input", { type: "email", name: "email", autocomplete: "username", required: true });
+  const err = errorBox();
+  const result = h("div", { class: "discovery", "aria-live": "polite" });
+  const form = h(
+    "form",
+    {
+      novalidate: true,
+      onsubmit: async (e: Event) => {
+        e.preventDefault();
+        showError(err, null);
+        if (!email.checkValidity()) {
+          email.setAttribute("aria-invalid", "true");
+          showError(err, "Enter a valid email address.");
+          email.focus();
+          return;
+        }
+        email.removeAttribute("aria-invalid");
+        try {
+          const d = await anonymous<Obj>("/api/identity/auth/discover", { email: email.value });
+          showDiscovery(result, d, email.value);
+        } catch (ex) {
+          showError(err, describe(ex));
+        }
+      },
+    },
+    h("p", null, "Enter your work email: we find your organisation and how it signs in."),
+    field("Work email", email),
+    err,
+    h("button", { type: "submit", class: "primary" }, "Continue"),
+  );
+  clear(panel, form, result);
+  email.focus();
+}
+
+function showDiscovery(box: HTMLElement, d: Obj, email: string): void {
+  if (d.account_type === "work" && d.identity_provider) {
+    const idp = d.identity_provider;
+    clear(
+      box,
+      h("p", { class: "found" }, `Work account of ${d.tenant?.name ?? "your organisation"}.`),
+      h("a", { class: "button primary", href: idp.sso_start_url, id: "sso-start" }, `Continue with ${idp.name}`),
+      idp.enforce_sso ? h("p", { class: "muted" }, "Your organisation requires single sign-on.") : null,
+    );
+    if (!idp.enforce_sso) {
+      const sub = h("div");
+      box.append(h("p", { class: "muted" }, "Or use your GPUaaS password:"), sub);
+      passwordForm(sub, email, null);
+    }
+    return;
+  }
+  clear(box, h("p", { class: "found" }, "No single sign-on is set up for this email's domain: sign in with your password."));
+  const sub = h("div");
+  box.append(sub);
+  passwordForm(sub, email, null);
+}
+
+function passwordForm(panel: HTMLElement, presetEmail: string, intro: string | null): void {
+  const email = h("input", { type: "email", name: "email", autocomplete: "username", required: true, value: presetEmail });
+  const password = h("input", { type: "password", name: "password", autocomplete: "current-password", required: true });
+  const err = errorBox();
+  const submit = h("button", { type: "submit", class: "primary" }, "Sign in");
+  const form = h(
+    "form",
+    {
+      novalidate: true,
+      onsubmit: async (e: Event) => {
+        e.preventDefault();
+        showError(err, null);
+        for (const input of [email, password]) input.toggleAttribute("aria-invalid", !input.checkValidity());
+        if (!email.checkValidity() || !password.value) {
+          showError(err, !email.checkValidity() ? "Enter a valid email address." : "Enter your password.");
+          return;
+        }
+        submit.disabled = true;
+        try {
+          await login(email.value, password.value);
+          go("/allocations");
+        } catch (ex) {
+          const msg =
+            ex instanceof ApiError && ex.status === 401
+              ? `Wrong email or password. (${ex.code})`
+              : ex instanceof ApiError && ex.status === 423
+                ? `This account is locked for a while after too many attempts. (${ex.code})`
+                : describe(ex);
+          showError(err, msg);
+          password.value = "";
+          password.focus();
+        } finally {
+          submit.disabled = false;
+        }
+      },
+    },
+    intro ? h("p", null, intro) : null,
+    field("Email", email),
+    field("Password", password),
+    err,
+    submit,
+  );
+  clear(panel, form);
+  (presetEmail ? password : email).focus();
+}
