@@ -56,6 +56,7 @@ from gpuaas.devstack.infra import (
     signal_group,
     stop_process,
 )
+from gpuaas.devstack.kafka import ApacheKafka
 
 log = logging.getLogger("gpuaas.devstack")
 T = TypeVar("T")
@@ -200,6 +201,9 @@ class StackConfig:
     # After a restart of the stack on existing data, replay what the previous (lost) broker had.
     replay_on_start: bool = True
     python: str = sys.executable
+    # The broker the stack runs when no kafka_bootstrap is given: "tansu" (embedded, memory only) or
+    # "kafka" (Apache Kafka 4.x KRaft under <root>/kafka, whose log survives restart_broker()).
+    broker: str = "tansu"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> StackConfig:
@@ -208,6 +212,7 @@ class StackConfig:
         values: dict[str, Any] = {
             "database_url": env.get("GPUAAS_DATABASE_URL") or None,
             "kafka_bootstrap": env.get("GPUAAS_KAFKA_BOOTSTRAP") or None,
+            "broker": env.get("GPUAAS_STACK_BROKER") or "tansu",
         }
         values.update({k: v for k, v in overrides.items()})
         if "root" in values:
@@ -255,6 +260,7 @@ class Stack:
         self._secrets: dict[str, Any] | None = None
         self._started = False
         self.skipped: list[str] = []
+        self._broker_down = False  # stop_broker() was called: supervision leaves the broker down
         self.last_replay: list[str] = []  # services whose outbox the last broker restart replayed
         # Outbox rows created since then may sit only on the current (memory-only) broker: what the next
         # start or broker restart replays. Set once services have run against the broker.
@@ -273,7 +279,14 @@ class Stack:
                 self.root / "pg", port=self.ports["postgres"], host=self.host, log_path=self.logs_dir / "postgres.log"
             )
         self.tansu: Tansu | None = None
-        if not config.kafka_bootstrap:
+        self.kafka: ApacheKafka | None = None
+        if config.broker not in ("tansu", "kafka"):
+            raise StackError(f"unknown broker {config.broker!r}: tansu or kafka")
+        if not config.kafka_bootstrap and config.broker == "kafka":
+            self.kafka = ApacheKafka(
+                self.root / "kafka", port=self.ports["kafka"], host=self.host, log_path=self.logs_dir / "kafka.log"
+            )
+        elif not config.kafka_bootstrap:
             self.tansu = Tansu(port=self.ports["kafka"], host=self.host, log_path=self.logs_dir / "tansu.log")
 
     # ----------------------------------------------------------------------------------------- config
@@ -300,7 +313,7 @@ class Stack:
 
     @property
     def external_broker(self) -> bool:
-        return self.tansu is None
+        return self.tansu is None and self.kafka is None
 
     @property
     def gateway_url(self) -> str:
@@ -308,6 +321,8 @@ class Stack:
 
     @property
     def kafka_bootstrap(self) -> str:
+        if self.kafka is not None:
+            return self.kafka.bootstrap
         return self.config.kafka_bootstrap or self.tansu.bootstrap  # type: ignore[union-attr]
 
     @property
@@ -505,7 +520,7 @@ class Stack:
         wanted = {n: self.ports[n] for n in self._procs}
         if self.pg is not None:
             wanted["postgres"] = self.ports["postgres"]
-        if self.tansu is not None:
+        if self.tansu is not None or self.kafka is not None:
             wanted["kafka"] = self.ports["kafka"]
         busy = {n: p for n, p in wanted.items() if port_in_use(self.host, p)}
         if busy:
@@ -550,6 +565,10 @@ class Stack:
         return reused
 
     def _start_broker(self) -> None:
+        if self.kafka is not None:
+            log.info("starting Apache Kafka on %s (log under %s)", self.kafka.bootstrap, self.kafka.data_dir)
+            self.kafka.start()
+            return
         if self.tansu is None:
             return
         log.info("starting embedded Tansu on %s", self.tansu.bootstrap)
@@ -706,6 +725,8 @@ class Stack:
             self._stop_many(list(self._procs), timeout_s)
             if self.tansu is not None:
                 self.tansu.stop()
+            if self.kafka is not None:
+                self.kafka.stop()
             if self.pg is not None:
                 self.pg.stop()
             self._started = False
@@ -744,7 +765,14 @@ class Stack:
     restart_service = start_service
 
     def restart_broker(self, wait: bool = True, timeout: float | None = None) -> None:
-        """Fresh embedded broker on the same port; restart every service; replay the lost broker's log."""
+        """Tansu: fresh embedded broker on the same port; restart every service; replay the lost broker's
+        log. Apache Kafka: stop and start the broker keeping its log; the services stay up and reconnect."""
+        if self.kafka is not None:
+            self.stop_broker()
+            self.start_broker()
+            if wait:
+                self.wait_ready(None, timeout)
+            return
         if self.tansu is None:
             raise StackError("the broker is external (GPUAAS_KAFKA_BOOTSTRAP): the stack never restarts it")
         with self._lock:
@@ -764,6 +792,29 @@ class Stack:
             self._write_state()
         if wait:
             self.wait_ready(names, timeout)
+
+    def stop_broker(self, sig: int = signal.SIGTERM) -> None:
+        """Apache Kafka only: stop the broker (SIGTERM: controlled shutdown; SIGKILL: crash) and leave it
+        down until start_broker(); the services keep running and must ride it out."""
+        if self.kafka is None:
+            raise StackError("stop_broker() needs the stack's own Apache Kafka (broker='kafka')")
+        with self._lock:
+            self._require_started()
+            self._broker_down = True
+            self.kafka.stop(sig)
+            log.warning("Apache Kafka stopped (%s); its log is kept", signal.Signals(sig).name)
+            self._write_state()
+
+    def start_broker(self) -> None:
+        """Apache Kafka only: start the stopped broker again on the same port with the same log."""
+        if self.kafka is None:
+            raise StackError("start_broker() needs the stack's own Apache Kafka (broker='kafka')")
+        with self._lock:
+            self._require_started()
+            self.kafka.start()
+            self._broker_down = False
+            log.warning("Apache Kafka started again on %s", self.kafka.bootstrap)
+            self._write_state()
 
     def restart_postgres(self, wait: bool = True, timeout: float | None = None) -> None:
         """Restart the embedded Postgres (fast shutdown: clients are disconnected); services reconnect."""
@@ -851,6 +902,12 @@ class Stack:
                 )
                 self.restart_broker(wait=False)
                 actions.append("broker")
+            if self.kafka is not None and not self.kafka.running and not self._broker_down:
+                rc = self.kafka.proc.returncode if self.kafka.proc is not None else None
+                reap_group(self.kafka.proc)
+                log.warning("Apache Kafka exited (code %s); restarting it (its log is kept)", rc)
+                self.kafka.start()
+                actions.append("kafka")
             now = time.monotonic()
             for sp in self._procs.values():
                 if not sp.wanted or sp.running:
@@ -948,6 +1005,7 @@ class Stack:
             },
             "broker": {
                 "embedded": self.tansu is not None,
+                "kind": "kafka" if self.kafka else ("tansu" if self.tansu else "external"),
                 "bootstrap": self.kafka_bootstrap,
                 "pid": self.tansu.pid if self.tansu and self.tansu.running else None,
                 "started_at": self.tansu.started_at if self.tansu else None,
@@ -963,6 +1021,10 @@ class Stack:
             processes["postgres"] = pinfo(self.pg.pid if self.pg.running else None)
         if self.tansu is not None:
             processes["tansu"] = pinfo(self.tansu.pid if self.tansu.running else None)
+        if self.kafka is not None:
+            processes["kafka"] = pinfo(self.kafka.pid if self.kafka.running else None)
+            data["broker"]["pid"] = self.kafka.pid if self.kafka.running else None
+            data["broker"]["log_dir"] = str(self.kafka.log_dir)
         return data
 
     # --------------------------------------------------------------------------------- test helpers
