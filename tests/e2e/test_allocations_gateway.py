@@ -111,7 +111,7 @@ async def people(gw: httpx.AsyncClient, stack: Stack) -> AsyncIterator[dict]:
 
 async def test_allocation_through_the_gateway(stack: Stack, gw: httpx.AsyncClient, people: dict) -> None:
     name = f"e2e-{uuid.uuid4().hex[:6]}"
-    r = await gw.post("/api/allocations/hosts", json={"name": name})
+    r = await gw.post("/api/allocations/hosts", json={"name": name, "host_class": name})
     assert r.status_code == 201, r.text
     host = r.json()
     agent = start_agent(stack, host["node_token"], name, "8xH100-80GB")
@@ -134,7 +134,7 @@ async def test_allocation_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
         async def create() -> dict | None:  # allocations' IAM projection catches up with identity
             r = await alice.post(
                 f"/api/allocations/projects/{pid}/allocations",
-                json={"gpu_model": "H100-80GB", "gpu_count": 2, "name": "e2e"},
+                json={"gpu_model": "H100-80GB", "gpu_count": 2, "name": "e2e", "host_class": name},
             )
             return r.json() if r.status_code == 201 else None
 
@@ -214,5 +214,19 @@ async def test_allocation_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
             uuid.UUID(aid),
         )
         assert n == 1
+
+        # The stack's own local agents (make run): an A100 slice is placed and activated at once.
+        r = await alice.post(
+            f"/api/allocations/projects/{pid}/allocations", json={"gpu_model": "A100-80GB", "gpu_count": 1}
+        )
+        assert r.status_code == 201, r.text
+        local = r.json()
+
+        async def local_active() -> dict | None:
+            a = (await alice.get(f"/api/allocations/allocations/{local['allocation_id']}")).json()
+            return a if a["status"] == "active" else None
+
+        assert (await eventually(local_active, 60, "allocation on local-a100"))["ssh_endpoint"]
+        await alice.post(f"/api/allocations/allocations/{local['allocation_id']}/release")
     finally:
         stop_agent(agent)

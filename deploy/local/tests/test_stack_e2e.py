@@ -166,6 +166,27 @@ def test_stack_json_records_urls_pids_and_logins(stack: Stack, root: Path) -> No
     assert stat.S_IMODE((root / "secrets.json").stat().st_mode) == 0o600
 
 
+def test_local_agents_serve_hosts_with_declared_gpus(stack: Stack, root: Path) -> None:
+    state = read_json(root / "stack.json")
+    assert set(state["agents"]) == {"local-h100", "local-a100"}
+    assert all(alive(a["pid"]) for a in state["agents"].values())
+    email, password = stack.admin_login
+    r = httpx.post(
+        f"{stack.gateway_url}/api/identity/auth/token",
+        timeout=30,
+        data={"grant_type": "password", "username": email, "password": password},
+    )
+    headers = {"Authorization": f"Bearer {r.json()['access_token']}"}
+    hosts = {
+        h["name"]: h
+        for h in httpx.get(f"{stack.gateway_url}/api/allocations/hosts", headers=headers, timeout=30).json()
+    }
+    assert hosts["local-h100"]["status"] == "ready"
+    assert [g["model"] for g in hosts["local-h100"]["gpus"]] == ["H100-80GB"] * 8
+    assert hosts["local-a100"]["status"] == "ready"
+    assert [g["model"] for g in hosts["local-a100"]["gpus"]] == ["A100-80GB"] * 4
+
+
 async def test_each_service_role_sees_only_its_schema(stack: Stack) -> None:
     assert await stack.fetchval("identity", "SELECT current_user") == "gpuaas_identity"
     assert await stack.fetchval("app_runtime", "SELECT current_schema()") == "app_runtime"

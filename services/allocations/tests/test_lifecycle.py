@@ -174,7 +174,7 @@ async def test_full_lifecycle_over_real_ssh(world: World) -> None:
 
 async def test_reads_are_scoped(world: World) -> None:
     w = world
-    await w.host_with_agent("gpu-1", "8xH100-80GB")
+    host, _ = await w.host_with_agent("gpu-1", "8xH100-80GB")
     r = await w.create("owner")
     aid = r.json()["allocation_id"]
     async with w.client("stranger") as c:
@@ -198,3 +198,10 @@ async def test_reads_are_scoped(world: World) -> None:
         assert r.status_code == 422 and r.json()["code"] == "invalid_public_key"
     async with httpx.AsyncClient(base_url=w.url) as anon:
         assert (await anon.get("/agent/tasks", headers={"Authorization": "Bearer gpn_nope"})).status_code == 401
+        async with w.client("op") as op:
+            rotated = await op.post(f"/hosts/{host['host_id']}/node-token")
+            assert rotated.status_code == 200
+        old = {"Authorization": f"Bearer {host['node_token']}"}
+        new = {"Authorization": f"Bearer {rotated.json()['node_token']}"}
+        assert (await anon.post("/agent/heartbeat", headers=old)).status_code == 401
+        assert (await anon.post("/agent/heartbeat", headers=new)).status_code == 200

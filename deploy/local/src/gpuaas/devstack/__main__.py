@@ -95,6 +95,13 @@ def banner(stack: Stack, elapsed_s: float | None = None) -> str:
         f"  Logs       {_rel(st['logs'])}/<name>.log",
         f"  State      {_rel(stack.state_path)}   (URLs, pids, logins for scripts and tests)",
     ]
+    gpus = dict(stack.config.agents)
+    if st.get("agents"):
+        lines.append(
+            "  GPU hosts  "
+            + ", ".join(f"{n} ({gpus.get(n, '?')}, agent pid {a['pid']})" for n, a in st["agents"].items())
+            + "   (node-agents with declared GPUs; create an allocation at once)"
+        )
     if stack.skipped:
         lines.append(f"  Skipped    {', '.join(stack.skipped)} (no module yet)")
     lines += ["", "Ctrl-C stops everything.", ""]

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import psutil
 
+from gpuaas.devstack.agents import DEFAULT_AGENTS, LocalAgents
 from gpuaas.devstack.infra import (
     EmbeddedPostgres,
     Tansu,
@@ -204,6 +205,8 @@ class StackConfig:
     # The broker the stack runs when no kafka_bootstrap is given: "tansu" (embedded, memory only) or
     # "kafka" (Apache Kafka 4.x KRaft under <root>/kafka, whose log survives restart_broker()).
     broker: str = "tansu"
+    # Local node-agents (name, declared GPUs) enrolled and started once the services are ready.
+    agents: Sequence[tuple[str, str]] = DEFAULT_AGENTS
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> StackConfig:
@@ -278,6 +281,7 @@ class Stack:
             self.pg = EmbeddedPostgres(
                 self.root / "pg", port=self.ports["postgres"], host=self.host, log_path=self.logs_dir / "postgres.log"
             )
+        self.agents = LocalAgents(self)
         self.tansu: Tansu | None = None
         self.kafka: ApacheKafka | None = None
         if config.broker not in ("tansu", "kafka"):
@@ -486,6 +490,9 @@ class Stack:
                     self.replay_from = self.tansu.started_at
                 self._write_state()
                 self.wait_ready(timeout=self.config.ready_timeout_s)
+                self._checkpoint()
+                self.agents.start()
+                self._write_state()
             except BaseException:
                 self.stop()
                 raise
@@ -722,6 +729,7 @@ class Stack:
                 return
             if not self._started:
                 return
+            self.agents.stop()
             self._stop_many(list(self._procs), timeout_s)
             if self.tansu is not None:
                 self.tansu.stop()
@@ -930,6 +938,7 @@ class Stack:
                     self._spawn(sp.name)
                     sp.awaiting_ready = True
                     actions.append(sp.name)
+            actions += self.agents.supervise()
             self._log_ready_again()
             if actions:
                 self._write_state()
@@ -1016,7 +1025,10 @@ class Stack:
             "secrets": str(self.secrets_path),
             "skipped": list(self.skipped),
             "processes": processes,
+            "agents": self.agents.state(),
         }
+        for name, info in data["agents"].items():
+            processes[f"agent-{name}"] = pinfo(info["pid"])
         if self.pg is not None:
             processes["postgres"] = pinfo(self.pg.pid if self.pg.running else None)
         if self.tansu is not None:

@@ -68,6 +68,18 @@ async def enrol_host(request: Request, body: HostEnrol, principal: CurrentPrinci
     return {**state.model_dump(), "node_token": token}
 
 
+@router.post(
+    "/hosts/{host_id}/node-token",
+    response_model=HostEnrolment,
+    tags=["hosts"],
+    description="Issue a new node token (shown once); the previous one stops working.",
+)
+async def rotate_node_token(request: Request, host_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
+    async with _kit(request).sessions() as session, session.begin():
+        state, token = await service.rotate_node_token(session, principal, host_id)
+    return {**state.model_dump(), "node_token": token}
+
+
 @router.get("/hosts", response_model=list[Host], tags=["hosts"])
 async def list_hosts(request: Request, _: Operator) -> Any:
     async with _kit(request).sessions() as session:

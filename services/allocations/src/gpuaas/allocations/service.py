@@ -144,6 +144,23 @@ async def enrol_host_unchecked(
     return state, token
 
 
+async def rotate_node_token(session: AsyncSession, principal: Principal, host_id: uuid.UUID) -> tuple[HostState, str]:
+    """A new node token for a host (the old one stops working at once), e.g. when an agent's copy is lost."""
+    await iam.authorize(session, principal, "allocations.host.manage")
+    await get_host(session, host_id, lock=True)
+    token = "gpn_" + secrets.token_urlsafe(32)
+    row = await _update_host(session, host_id, node_token_hash=hash_token(token))
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.host.rotate_token",
+        resource_type="host",
+        resource_id=host_id,
+    )
+    return host_state(row), token
+
+
 async def list_hosts(session: AsyncSession) -> list[HostState]:
     rows = await session.execute(select(hosts).order_by(hosts.c.created_at))
     return [host_state(r) for r in rows]

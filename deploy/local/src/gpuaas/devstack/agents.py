@@ -1,0 +1,178 @@
+"""Local node-agents for the stack: GPU hosts with declared GPUs, so a new user can allocate at once.
+
+After the services are ready, each configured agent's host is enrolled through the allocations API
+as the bootstrap operator (the node token is kept in secrets.json and reused; a token the database
+no longer knows is rotated through `POST /hosts/{id}/node-token`), then `python -m gpuaas.node_agent`
+runs with its own state dir (<root>/agents/<name>) and log (<root>/logs/agent-<name>.log).
+The agents run unprivileged: per-allocation workspaces and an asyncssh endpoint on a loopback port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+if TYPE_CHECKING:
+    from gpuaas.devstack.stack import Stack
+
+log = logging.getLogger("gpuaas.devstack")
+DEFAULT_AGENTS: tuple[tuple[str, str], ...] = (("local-h100", "8xH100-80GB"), ("local-a100", "4xA100-80GB"))
+ENROL_TIMEOUT_S = 90.0
+
+
+class LocalAgents:
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.wanted: set[str] = set()
+
+    @property
+    def configured(self) -> list[tuple[str, str]]:
+        if "allocations" not in self.stack.services or "identity" not in self.stack.services:
+            return []
+        return list(self.stack.config.agents)
+
+    # ------------------------------------------------------------------------------------ enrolment
+
+    def _operator(self) -> httpx.Client:
+        email, password = self.stack.admin_login
+        identity = self.stack.service_url("identity")
+        r = httpx.post(
+            f"{identity}/auth/token",
+            data={"grant_type": "password", "username": email, "password": password},
+            timeout=30,
+        )
+        r.raise_for_status()
+        token = r.json()["access_token"]
+        return httpx.Client(
+            base_url=self.stack.service_url("allocations"), timeout=30, headers={"Authorization": f"Bearer {token}"}
+        )
+
+    def _token_works(self, token: str) -> bool:
+        r = httpx.post(
+            f"{self.stack.service_url('allocations')}/agent/heartbeat",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        return r.status_code == 200
+
+    def _enrol(self, name: str) -> str:
+        """A valid node token for host `name`: stored, freshly enrolled, or rotated."""
+        store = self.stack._secret_store()
+        tokens = store.setdefault("agents", {})
+        if tokens.get(name) and self._token_works(tokens[name]):
+            return str(tokens[name])
+        deadline = time.monotonic() + ENROL_TIMEOUT_S
+        while True:
+            try:
+                with self._operator() as op:
+                    r = op.post("/hosts", json={"name": name, "labels": {"source": "devstack"}})
+                    if r.status_code == 409:  # enrolled before, token lost: rotate it
+                        host = next(h for h in op.get("/hosts").json() if h["name"] == name)
+                        r = op.post(f"/hosts/{host['host_id']}/node-token")
+                    if r.status_code in (200, 201):
+                        tokens[name] = r.json()["node_token"]
+                        from gpuaas.devstack.stack import write_private
+
+                        write_private(self.stack.secrets_path, store)
+                        return str(tokens[name])
+                    # 401/403/404 while allocations' IAM projection has not seen the operator yet
+                    last = f"{r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"could not enrol host {name}: {last}")
+            time.sleep(1.0)
+
+    # ------------------------------------------------------------------------------------ processes
+
+    def _spawn(self, name: str, gpus: str, token: str) -> None:
+        state = self.stack.root / "agents" / name
+        state.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "GPUAAS_AGENT_SERVER_URL": self.stack.service_url("allocations"),
+            "GPUAAS_AGENT_NODE_TOKEN": token,
+            "GPUAAS_AGENT_STATE_DIR": str(state),
+            "GPUAAS_AGENT_GPUS": gpus,
+            "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
+            "GPUAAS_AGENT_SSH_BIND": self.stack.host,
+        }
+        with open(self.stack.logs_dir / f"agent-{name}.log", "ab") as logf:
+            self.procs[name] = subprocess.Popen(
+                [self.stack.config.python, "-m", "gpuaas.node_agent"],
+                env=env,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.wanted.add(name)
+        log.info("started agent %s (pid %s, GPUs %s)", name, self.procs[name].pid, gpus)
+
+    def start(self) -> None:
+        for name, gpus in self.configured:
+            try:
+                self._spawn(name, gpus, self._enrol(name))
+            except (RuntimeError, httpx.HTTPError) as exc:
+                log.error("agent %s not started: %s", name, exc)
+        self.wait_registered()
+
+    def wait_registered(self, timeout_s: float = 60.0) -> None:
+        names = [n for n in self.procs if self.procs[n].poll() is None]
+        if not names:
+            return
+        deadline = time.monotonic() + timeout_s
+        pending = set(names)
+        while pending and time.monotonic() < deadline:
+            try:
+                with self._operator() as op:
+                    hosts = {h["name"]: h["status"] for h in op.get("/hosts").json()}
+                pending = {n for n in pending if hosts.get(n) not in ("ready", "cordoned")}
+            except (httpx.HTTPError, ValueError):
+                pass
+            if pending:
+                time.sleep(0.5)
+        if pending:
+            log.warning("agents not registered yet: %s (see logs/agent-<name>.log)", ", ".join(sorted(pending)))
+
+    def supervise(self) -> list[str]:
+        restarted = []
+        store = self.stack._secret_store().get("agents", {})
+        for name, gpus in self.configured:
+            p = self.procs.get(name)
+            if name in self.wanted and p is not None and p.poll() is not None and store.get(name):
+                log.warning("agent %s exited (code %s); restarting it", name, p.returncode)
+                self._spawn(name, gpus, store[name])
+                restarted.append(f"agent-{name}")
+        return restarted
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        from gpuaas.devstack.infra import signal_group, stop_process
+
+        self.wanted.clear()
+        live = [p for p in self.procs.values() if p.poll() is None]
+        for p in live:
+            signal_group(p, signal.SIGTERM)
+        for p in live:
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                stop_process(p, signal.SIGKILL)
+        self.procs.clear()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            name: {
+                "pid": p.pid if p.poll() is None else None,
+                "state_dir": str(self.stack.root / "agents" / name),
+                "log": str(self.stack.logs_dir / f"agent-{name}.log"),
+            }
+            for name, p in self.procs.items()
+        }
