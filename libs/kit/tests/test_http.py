@@ -12,7 +12,6 @@ from sqlalchemy import text
 
 from gpuaas.kit.auth import CurrentPrincipal
 from gpuaas.kit.errors import Conflict
-
 from gpuaas.kit.testing import build, new_service_db, running
 
 pytestmark = pytest.mark.integration
@@ -41,8 +40,14 @@ def things_router() -> APIRouter:
 @pytest.fixture
 async def app_client(infra, signer):  # type: ignore[no-untyped-def]
     name, url = await new_service_db(infra.admin_url, "http")
-    app = build(name, url, infra.kafka_bootstrap, with_iam=False, routers=[things_router()],
-                settings={"max_request_bytes": 2000})
+    app = build(
+        name,
+        url,
+        infra.kafka_bootstrap,
+        with_iam=False,
+        routers=[things_router()],
+        settings={"max_request_bytes": 2000},
+    )
     async with running(app, jwks=signer.jwks) as (client, kit):
         async with kit.sessions() as s, s.begin():
             await s.execute(text("CREATE TABLE things (id uuid primary key, name text)"))
@@ -77,6 +82,32 @@ async def test_concurrent_duplicates_never_run_twice(app_client, signer) -> None
     codes = sorted(r.status_code for r in results)
     assert codes.count(201) >= 1 and set(codes) <= {201, 409}
     assert await count_things(kit) == 1
+
+
+async def test_reservation_of_a_killed_request_is_taken_over_when_stale(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+    client, kit = app_client
+    user = uuid.uuid4()
+    h = {"Authorization": f"Bearer {signer.token(user)}"}
+    # What a process SIGKILLed mid-request leaves: a reservation with no response (same request hash).
+    first = await client.post("/things", json={"name": "k"}, headers={**h, "Idempotency-Key": "probe"})
+    assert first.status_code == 201
+    async with kit.sessions() as s, s.begin():
+        await s.execute(
+            text(
+                "INSERT INTO idempotency_keys (principal, key, method, path, request_hash, created_at) "
+                "SELECT principal, k, method, path, request_hash, now() - make_interval(secs => age) "
+                "FROM idempotency_keys, (VALUES ('fresh', 5), ('stale', 120)) v(k, age) "
+                "WHERE principal = :p AND key = 'probe'"
+            ),
+            {"p": str(user)},
+        )
+    fresh = await client.post("/things", json={"name": "k"}, headers={**h, "Idempotency-Key": "fresh"})
+    assert fresh.status_code == 409 and fresh.json()["code"] == "idempotency_request_in_progress"
+    stale = await client.post("/things", json={"name": "k"}, headers={**h, "Idempotency-Key": "stale"})
+    assert stale.status_code == 201, stale.text
+    again = await client.post("/things", json={"name": "k"}, headers={**h, "Idempotency-Key": "stale"})
+    assert again.headers["idempotent-replayed"] == "true" and again.json() == stale.json()
+    assert await count_things(kit) == 2
 
 
 async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> None:  # type: ignore[no-untyped-def]

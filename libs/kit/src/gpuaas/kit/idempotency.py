@@ -3,6 +3,10 @@
 The key is reserved (row with no status) before the request runs, so a concurrent duplicate gets
 409 instead of running twice; a different body under the same key gets 422; a 5xx releases the key
 so the client may retry. Keys are scoped to the verified caller and kept at least 24 hours.
+
+A reservation whose request never finished (the process was killed mid-request, so neither a
+response nor a 5xx release was recorded) is taken over by a retry once it is older than
+`RESERVATION_TIMEOUT`; until then the retry gets 409 `idempotency_request_in_progress`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from gpuaas.kit.tables import idempotency_keys
 MAX_KEY_LENGTH = 255
 TTL = timedelta(hours=24)
 PRUNE_PROBABILITY = 0.01
+# Longer than any request runs: an older reservation with no response belongs to a dead process.
+RESERVATION_TIMEOUT = timedelta(seconds=60)
 
 
 class IdempotencyMiddleware:
@@ -56,6 +62,20 @@ class IdempotencyMiddleware:
                 .returning(idempotency_keys.c.key)
             )
             first = reserved.first() is not None
+            if not first:  # a reservation left by a process that died mid-request: take it over
+                taken = await session.execute(
+                    update(idempotency_keys)
+                    .where(
+                        idempotency_keys.c.principal == principal,
+                        idempotency_keys.c.key == key,
+                        idempotency_keys.c.request_hash == digest,
+                        idempotency_keys.c.status_code.is_(None),
+                        idempotency_keys.c.created_at < func.now() - RESERVATION_TIMEOUT,
+                    )
+                    .values(created_at=func.now())
+                    .returning(idempotency_keys.c.key)
+                )
+                first = taken.first() is not None
             existing = None
             if not first:
                 existing = (
