@@ -218,10 +218,13 @@ async def main(latency_n: int, concurrent: int) -> None:
         (RESULTS / "allocations.json").write_text(json.dumps(out, indent=2) + "\n")
         await opc.aclose()
         await uc.aclose()
+        if agent_proc is not None:  # its long-poll would hold the server's graceful shutdown
+            agent_proc.terminate()
+            agent_proc.wait(10)
         server.should_exit = True
         await asyncio.wait_for(serve, 30)
     finally:
-        if agent_proc is not None:
+        if agent_proc is not None and agent_proc.poll() is None:
             agent_proc.terminate()
             agent_proc.wait(10)
         broker.stop()
