@@ -18,7 +18,6 @@ from gpuaas.kit.metrics import ServiceMetrics
 from gpuaas.kit.outbox import add_events
 from gpuaas.kit.relay import OutboxRelay, replay
 from gpuaas.kit.subscriptions import Subscriptions
-
 from gpuaas.kit.testing import build, new_service_db, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -26,9 +25,17 @@ pytestmark = pytest.mark.integration
 
 def audit_event(run: str, subject: str, seq: int, reason: str = "") -> AuditRecorded:
     return AuditRecorded.build(
-        subject=subject, source="test", actor=Actor.system("test"),
-        data=AuditRecord(service=run, action="test.write", resource_type="thing", resource_id=subject,
-                         after={"seq": seq}, reason=reason),
+        subject=subject,
+        source="test",
+        actor=Actor.system("test"),
+        data=AuditRecord(
+            service=run,
+            action="test.write",
+            resource_type="thing",
+            resource_id=subject,
+            after={"seq": seq},
+            reason=reason,
+        ),
     )
 
 
@@ -108,8 +115,13 @@ async def test_failing_handler_is_dead_lettered_then_retried(infra, signer) -> N
     await make_applied_table(cons_url, cons_name)
     poison = {"poison"}
     producer = build(prod_name, prod_url, infra.kafka_bootstrap, with_iam=False)
-    consumer = build(cons_name, cons_url, infra.kafka_bootstrap, subscriptions=counting_handlers(run, poison),
-                     settings={"consumer_max_attempts": 3})
+    consumer = build(
+        cons_name,
+        cons_url,
+        infra.kafka_bootstrap,
+        subscriptions=counting_handlers(run, poison),
+        settings={"consumer_max_attempts": 3},
+    )
     admin_id = uuid.uuid4()
     async with running(producer) as (_, pkit), running(consumer, jwks=signer.jwks) as (client, ckit):
         from gpuaas.kit.iam import apply_locally
@@ -118,8 +130,9 @@ async def test_failing_handler_is_dead_lettered_then_retried(infra, signer) -> N
             for e in operator_events(admin_id):
                 await apply_locally(s, e)
         async with pkit.sessions() as s, s.begin():
-            await add_events(s, [audit_event(run, "a", 0), audit_event(run, "b", 1, reason="poison"),
-                                 audit_event(run, "c", 2)])
+            await add_events(
+                s, [audit_event(run, "a", 0), audit_event(run, "b", 1, reason="poison"), audit_event(run, "c", 2)]
+            )
         auth = {"Authorization": f"Bearer {signer.token(admin_id)}"}
 
         async def parked() -> list:
@@ -184,8 +197,15 @@ async def test_only_one_relay_leads_per_schema(infra) -> None:
     producer = make_producer(infra.kafka_bootstrap, 1_000_000)
     await producer.start()
     relays = [
-        OutboxRelay(schema=name, engine=engine, sessions=session_factory(engine), producer=producer,
-                    dsn=to_plain_url(url), metrics=ServiceMetrics(f"r{i}"), poll_interval_s=0.2)
+        OutboxRelay(
+            schema=name,
+            engine=engine,
+            sessions=session_factory(engine),
+            producer=producer,
+            dsn=to_plain_url(url),
+            metrics=ServiceMetrics(f"r{i}"),
+            poll_interval_s=0.2,
+        )
         for i in range(2)
     ]
     tasks = [asyncio.create_task(r.run()) for r in relays]

@@ -29,7 +29,7 @@ from gpuaas.contracts import TOPICS, Event, new_event_id
 from gpuaas.kit import context
 from gpuaas.kit.logging import get_logger
 from gpuaas.kit.metrics import ServiceMetrics
-from gpuaas.kit.subscriptions import Subscriptions
+from gpuaas.kit.subscriptions import Handler, Subscriptions
 from gpuaas.kit.tables import dead_letters, inbox
 
 log = get_logger(__name__)
@@ -140,41 +140,77 @@ class EventConsumer:
             self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(hw - pos, 0))
 
     async def apply(self, records: Sequence[ConsumerRecord]) -> None:
-        """Apply a batch in one transaction: a savepoint per record, inbox row with each."""
-        async with self.sessions() as session, session.begin():
-            for record in records:
-                await self._apply_one(session, record)
+        """Apply a batch in one transaction.
 
-    async def _apply_one(self, session: AsyncSession, record: ConsumerRecord) -> None:
-        topic = TOPICS.get(record.topic)
-        try:
-            if topic is None:
-                raise ValueError(f"unknown topic {record.topic}")
-            event = topic.parse(record.value)
-        except (ValueError, ValidationError, UnicodeDecodeError) as exc:
-            await self._park(session, record, None, None, f"malformed event: {exc}", attempts=1)
-            return
-        if event is None:
-            return  # a type this version does not know: ignored by contract
-        handlers = self.subs.handlers.get(event.type)
-        if not handlers:
-            return
-        claimed = await session.execute(
-            pg_insert(inbox)
-            .values(
-                consumer=self.name,
-                event_id=event.id,
-                event_type=event.type,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
+        Fast path: one bulk inbox claim for the batch, then every handler inside a single savepoint.
+        If any handler fails, that savepoint is rolled back and the batch's claimed events are applied
+        one savepoint each, retried and parked as needed (the slow path isolates the poisoned event).
+        """
+        async with self.sessions() as session, session.begin():
+            pending: list[tuple[ConsumerRecord, Event, Sequence[Handler]]] = []
+            seen: set[uuid.UUID] = set()
+            for record in records:
+                topic = TOPICS.get(record.topic)
+                try:
+                    if topic is None:
+                        raise ValueError(f"unknown topic {record.topic}")
+                    event = topic.parse(record.value)
+                except (ValueError, ValidationError, UnicodeDecodeError) as exc:
+                    await self._park(session, record, None, None, f"malformed event: {exc}", attempts=1)
+                    continue
+                if event is None:
+                    continue  # a type this version does not know: ignored by contract
+                handlers = self.subs.handlers.get(event.type)
+                if not handlers:
+                    continue
+                if event.id in seen:  # the same event twice in one batch (e.g. a replay)
+                    self.metrics.events_duplicate.labels(record.topic).inc()
+                    continue
+                seen.add(event.id)
+                pending.append((record, event, handlers))
+            if not pending:
+                return
+            claimed = set(
+                (
+                    await session.execute(
+                        pg_insert(inbox)
+                        .values(
+                            [
+                                {
+                                    "consumer": self.name,
+                                    "event_id": e.id,
+                                    "event_type": e.type,
+                                    "topic": r.topic,
+                                    "partition": r.partition,
+                                    "offset": r.offset,
+                                }
+                                for r, e, _ in pending
+                            ]
+                        )
+                        .on_conflict_do_nothing()
+                        .returning(inbox.c.event_id)
+                    )
+                ).scalars()
             )
-            .on_conflict_do_nothing()
-            .returning(inbox.c.event_id)
-        )
-        if claimed.first() is None:
-            self.metrics.events_duplicate.labels(record.topic).inc()
-            return
+            fresh = [(r, e, h) for r, e, h in pending if e.id in claimed]
+            for r, e, _ in pending:
+                if e.id not in claimed:
+                    self.metrics.events_duplicate.labels(r.topic).inc()
+            try:
+                async with session.begin_nested():
+                    for _, event, handlers in fresh:
+                        await run_handlers(session, event, handlers)
+            except Exception as exc:  # some handler failed: isolate it event by event
+                log.info("batch_fast_path_failed", error=f"{type(exc).__name__}: {exc}", events=len(fresh))
+                for record, event, handlers in fresh:
+                    await self._apply_isolated(session, record, event, handlers)
+                return
+            for record, event, _ in fresh:
+                self.metrics.events_applied.labels(record.topic, event.type).inc()
+
+    async def _apply_isolated(
+        self, session: AsyncSession, record: ConsumerRecord, event: Event, handlers: Sequence[Handler]
+    ) -> None:
         error = ""
         for attempt in range(1, self.max_attempts + 1):
             try:

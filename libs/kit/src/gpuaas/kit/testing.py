@@ -36,23 +36,36 @@ async def service_app(spec: ServiceSpec, admin_url: str, bootstrap: str, **overr
     """
     schema, url = await new_service_db(admin_url, spec.name, spec)
     settings = spec.settings_cls(
-        database_url=url, db_schema=schema, kafka_bootstrap=bootstrap, consumer_group=schema,
-        jwt_issuer="http://test-issuer/api/identity", kafka_session_timeout_ms=6000, outbox_poll_interval_s=0.5,
-        log_json=False, **overrides,
+        database_url=url,
+        db_schema=schema,
+        kafka_bootstrap=bootstrap,
+        consumer_group=schema,
+        jwt_issuer="http://test-issuer/api/identity",
+        kafka_session_timeout_ms=6000,
+        outbox_poll_interval_s=0.5,
+        log_json=False,
+        **overrides,
     )
     return create_app(settings, spec)
 
 
 def settings_for(name: str, url: str, bootstrap: str, **overrides: Any) -> ServiceSettings:
     return ServiceSettings(
-        service_name=name, database_url=url, kafka_bootstrap=bootstrap, jwt_issuer="http://test-issuer/api/identity",
-        kafka_session_timeout_ms=6000, outbox_poll_interval_s=0.5, log_json=False, **overrides,
+        service_name=name,
+        database_url=url,
+        kafka_bootstrap=bootstrap,
+        jwt_issuer="http://test-issuer/api/identity",
+        kafka_session_timeout_ms=6000,
+        outbox_poll_interval_s=0.5,
+        log_json=False,
+        **overrides,
     )
 
 
 @asynccontextmanager
-async def running(app: FastAPI, *, jwks: dict[str, Any] | None = None,
-                  wait_consumer: bool = True) -> AsyncIterator[tuple[httpx.AsyncClient, KitRuntime]]:
+async def running(
+    app: FastAPI, *, jwks: dict[str, Any] | None = None, wait_consumer: bool = True
+) -> AsyncIterator[tuple[httpx.AsyncClient, KitRuntime]]:
     async with app.router.lifespan_context(app):
         kit: KitRuntime = app.state.kit
         if jwks is not None:
