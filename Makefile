@@ -6,15 +6,26 @@ PYTHON ?= python3
 UV = $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 UV_RUN = $(UV) run --frozen
 
-.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench
+.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench console
 
 ## run: install, then start Postgres, Kafka (Tansu), every service and the gateway; Ctrl-C stops all
 run: install
 	$(UV_RUN) python -m gpuaas.devstack run
 
-## install: Debian packages the tests use (if missing), uv (if missing) and the locked workspace environment
-install: deps-apt ensure-uv
+## install: Debian packages the tests use (if missing), uv (if missing), the locked workspace environment
+##          and the web console build (served by the gateway at /)
+install: deps-apt ensure-uv console
 	$(UV) sync --frozen
+
+## console: the web console (web/console, Vite + TypeScript): npm ci from package-lock.json, then build into dist/
+CONSOLE := web/console
+$(CONSOLE)/node_modules/.installed: $(CONSOLE)/package-lock.json
+	@command -v npm >/dev/null || { echo "node and npm are needed to build the web console" >&2; exit 1; }
+	cd $(CONSOLE) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+console: $(CONSOLE)/node_modules/.installed
+	cd $(CONSOLE) && npm run --silent build
 
 ## migrate: provision the database, roles and schemas and run every service's migrations
 ##          (embedded Postgres under .local/pg, or GPUAAS_DATABASE_URL's server)
@@ -35,8 +46,9 @@ lint: install
 bench: install
 	$(UV_RUN) python bench/event_pipeline.py
 
-# Debian packages used by the tests: the OCI registry and image tools for catalog trust.
-APT_PACKAGES := docker-registry skopeo umoci
+# Debian packages used by the tests: the OCI registry and image tools for catalog trust; Chromium for the
+# web console's browser test (driven by playwright-core from web/console's node_modules).
+APT_PACKAGES := docker-registry skopeo umoci chromium
 deps-apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

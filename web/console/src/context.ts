@@ -81,3 +81,10 @@ export function resetContext(): void {
 export function current(): Context | null {
   return ctx;
 }
+
+/** billing.read: operators, the tenant's admins, the project's admins (the API decides; this avoids asking in vain). */
+export function canReadBilling(c: Context, projectId: string | undefined, tenantId: string | undefined): boolean {
+  if (c.operator) return true;
+  if (tenantId && c.tenantAdminOf.has(tenantId)) return true;
+  return (c.me.memberships ?? []).some((m: Obj) => m.role === "project_admin" && m.project_id === projectId);
+}

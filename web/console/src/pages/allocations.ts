@@ -1,5 +1,5 @@
 import { describe, del, get, post, token } from "../api";
-import type { Context, Obj } from "../context";
+import { canReadBilling, type Context, type Obj } from "../context";
 import { badge, clear, field, h, table, when } from "../dom";
 import { go, type Cleanup } from "../main";
 
@@ -119,7 +119,7 @@ export async function allocationNew(main: HTMLElement, _p: string[], ctx: Contex
 
 const ACTIVE_ACTIONS = new Set(["active"]);
 
-export async function allocationDetail(main: HTMLElement, [id]: string[]): Promise<Cleanup> {
+export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: Context): Promise<Cleanup> {
   let alloc = await get<Obj>(`${A}/allocations/${id}`);
   const header = h("div", { class: "title-row" });
   const overview = h("section", { "aria-labelledby": "h-overview", id: "overview" });
@@ -257,7 +257,10 @@ export async function allocationDetail(main: HTMLElement, [id]: string[]): Promi
   const loadMetrics = async () => {
     const parts: HTMLElement[] = [h("h2", { id: "h-metrics" }, "Metrics and health")];
     try {
-      const m = await get<Obj>(`/api/metering/meters/${id}`);
+      // The project's meters (a list: no 404 while metering has not seen the activation yet).
+      const meters = await get<Obj[]>("/api/metering/meters", { project_id: alloc.project_id, limit: 1000 });
+      const m = meters.find((x) => x.allocation_id === id);
+      if (!m) throw new Error("metering opens a meter when the allocation becomes active");
       parts.push(
         h(
           "dl",
@@ -275,8 +278,10 @@ export async function allocationDetail(main: HTMLElement, [id]: string[]): Promi
     } catch (ex) {
       parts.push(h("p", { class: "muted" }, `No usage meter yet: ${describe(ex)}`));
     }
-    try {
-      const charges = await get<Obj[]>("/api/billing/charges", { allocation_id: id, limit: 20 });
+    if (!canReadBilling(ctx, alloc.project_id, alloc.tenant_id)) {
+      parts.push(h("p", { class: "muted" }, "Charges are visible to project and tenant admins."));
+    } else try {
+      const charges = await get<Obj[]>("/api/billing/charges", { project_id: alloc.project_id, allocation_id: id, limit: 100 });
       const total = charges.reduce((s, c) => s + Number(c.amount ?? 0), 0);
       parts.push(h("p", null, `Charged so far: ${charges.length ? `${total.toFixed(4)} ${charges[0].currency}` : "nothing yet"}`));
     } catch (ex) {
@@ -328,9 +333,11 @@ export async function allocationDetail(main: HTMLElement, [id]: string[]): Promi
     window.clearTimeout(refetch);
     refetch = window.setTimeout(async () => {
       try {
+        const before = alloc.status;
         alloc = await get<Obj>(`${A}/allocations/${id}`);
         paint();
         void loadStorage();
+        if (alloc.status !== before) void loadMetrics();
       } catch {
         // keep the last state
       }

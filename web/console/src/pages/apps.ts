@@ -97,7 +97,14 @@ function inputControls(schema: Obj): Array<{ name: string; el: HTMLElement; read
       const num = h("input", { type: "number", name, required: required.has(name), min: s.minimum, max: s.maximum, step: s.type === "integer" ? 1 : "any", value: s.default });
       return { name, el: field(label, num, help), read: () => (num.value === "" ? undefined : Number(num.value)) };
     }
-    const text = h("input", { name, required: required.has(name), maxlength: s.maxLength, minlength: s.minLength, pattern: s.pattern, value: s.default ?? "" });
+    const text = h("input", { name, required: required.has(name), maxlength: s.maxLength, minlength: s.minLength, value: s.default ?? "" });
+    if (typeof s.pattern === "string") {
+      // JSON Schema patterns are ECMA-262 regexes, unanchored: checked here, not by the HTML pattern attribute.
+      const re = new RegExp(s.pattern, "u");
+      const check = () => text.setCustomValidity(text.value === "" || re.test(text.value) ? "" : `must match ${s.pattern}`);
+      text.addEventListener("input", check);
+      check();
+    }
     return { name, el: field(label, text, help), read: () => (text.value === "" ? undefined : text.value) };
   });
 }

@@ -1,5 +1,5 @@
 import { describe, get, post } from "../api";
-import type { Context, Obj } from "../context";
+import { canReadBilling, type Context, type Obj } from "../context";
 import { clear, field, h, table, when } from "../dom";
 
 const B = "/api/billing";
@@ -20,6 +20,10 @@ export async function billing(main: HTMLElement, _p: string[], ctx: Context): Pr
   if (ctx.operator) main.append(breakdownBox);
   const projectName = new Map(ctx.projects.map((p) => [p.project_id, p.name]));
 
+  if (!canReadBilling(ctx, ctx.project?.project_id, tenantId)) {
+    costsBox.append(h("p", { class: "muted" }, "Costs are visible to project admins, tenant admins and operators."));
+    return;
+  }
   // Current-period combined cost: the whole tenant for tenant admins, else the selected project.
   try {
     const costs = await get<Obj>(`${B}/costs`, isTenantAdmin ? { tenant_id: tenantId } : { project_id: ctx.project?.project_id });

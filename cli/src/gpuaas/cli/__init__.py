@@ -1,0 +1,1 @@
+"""`gpuaas`: the platform's command line (typer + rich) on top of gpuaas.sdk."""

@@ -1,0 +1,3 @@
+from gpuaas.cli.main import main
+
+main()

@@ -1,0 +1,110 @@
+"""The CLI's own logic without a platform: endpoint resolution, config file, KEY=VALUE inputs, and how
+problems and connection failures turn into messages and exit codes (against real local HTTP servers)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from gpuaas.cli.config import DEFAULT_URL, Config, resolve_url
+from gpuaas.cli.main import _parse_config, app
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GPUAAS_CONFIG", str(tmp_path / "cfg" / "config.json"))
+    monkeypatch.delenv("GPUAAS_URL", raising=False)
+    monkeypatch.delenv("GPUAAS_PROJECT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_url_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_url(None, Config()) == DEFAULT_URL
+    (tmp_path / ".local").mkdir()
+    (tmp_path / ".local" / "stack.json").write_text(json.dumps({"gateway": {"url": "http://127.0.0.1:9100/"}}))
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    assert resolve_url(None, Config(), start=nested) == "http://127.0.0.1:9100"
+    assert resolve_url(None, Config(url="http://cfg:1")) == "http://cfg:1"
+    monkeypatch.setenv("GPUAAS_URL", "http://env:2/")
+    assert resolve_url(None, Config(url="http://cfg:1")) == "http://env:2"
+    assert resolve_url("http://flag:3", Config(url="http://cfg:1")) == "http://flag:3"
+
+
+def test_config_file_is_private(isolated: Path) -> None:
+    Config(url="http://x", access_token="secret", project_id="p").save()
+    path = isolated / "cfg" / "config.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    loaded = Config.load()
+    assert (loaded.url, loaded.access_token, loaded.project_id) == ("http://x", "secret", "p")
+
+
+def test_config_pairs() -> None:
+    assert _parse_config(["cluster_name=demo", "nodes=3", "gpu=true", 'tags=["a"]']) == {
+        "cluster_name": "demo",
+        "nodes": 3,
+        "gpu": True,
+        "tags": ["a"],
+    }
+    with pytest.raises(typer.BadParameter):
+        _parse_config(["novalue"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def problem_server() -> Iterator[str]:
+    """Answers every request with a 403 problem+json, like the platform does."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"title": "Forbidden", "status": 403, "detail": "You may not.", "code": "forbidden"})
+            self.send_response(403)
+            self.send_header("Content-Type", "application/problem+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_problem_becomes_a_clear_error(problem_server: str) -> None:
+    Config(access_token="t").save()
+    result = CliRunner().invoke(app, ["--url", problem_server, "--project", "p1", "alloc", "list"])
+    assert result.exit_code == 1
+    assert "error: You may not. (forbidden, HTTP 403)" in result.output
+
+
+def test_unreachable_platform_exits_2() -> None:
+    Config(access_token="t").save()
+    result = CliRunner().invoke(app, ["--url", f"http://127.0.0.1:{_free_port()}", "--project", "p", "alloc", "list"])
+    assert result.exit_code == 2
+    assert "cannot reach the platform" in result.output
+
+
+def test_not_signed_in_says_so(problem_server: str) -> None:
+    result = CliRunner().invoke(app, ["--url", problem_server, "whoami"])
+    assert result.exit_code == 1
+    assert "run `gpuaas login`" in result.output
