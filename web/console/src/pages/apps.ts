@@ -339,10 +339,31 @@ export async function instanceDetail(main: HTMLElement, [id]: string[], ctx: Con
       opsBox,
       h("h2", { id: "h-ops" }, "Operations"),
       table(
-        ["Kind", "Component", "Status", "Progress", "Error", "Updated"],
-        (ops.items as Obj[]).map((o) => [o.kind, o.component_key ?? "—", badge(o.status), `${o.progress_message ?? ""}${o.progress_percent != null ? ` (${o.progress_percent}%)` : ""}`, o.error ?? "", when(o.updated_at)]),
+        ["Kind", "Component", "Status", "Progress", "Error", "Updated", ""],
+        (ops.items as Obj[]).map((o) => [
+          o.kind,
+          o.component_key ?? "—",
+          badge(o.status),
+          `${o.progress_message ?? ""}${o.progress_percent != null ? ` (${o.progress_percent}%)` : ""}`,
+          o.error ?? "",
+          when(o.updated_at),
+          opActions(o),
+        ]),
       ),
     );
+  };
+
+  // Recovery of stuck operations (project admins, operators): retry a failed one, cancel one not yet
+  // running, force-fail one whose controller went silent. Each is audited with the reason given.
+  const opActions = (o: Obj): HTMLElement | string => {
+    const button = (label: string, path: string) =>
+      h("button", { type: "button", class: "secondary", onclick: () => act(`${label} operation`, () => post(`${R}/operations/${o.operation_id}/${path}`, { reason: `${label.toLowerCase()} from the web console` })) }, label);
+    const buttons = [
+      o.status === "failed" ? button("Retry", "retry") : null,
+      ["pending", "claimed"].includes(o.status) ? button("Cancel", "cancel") : null,
+      ["claimed", "in_progress"].includes(o.status) ? button("Force-fail", "force-fail") : null,
+    ].filter((b): b is HTMLButtonElement => b !== null);
+    return buttons.length ? h("span", { class: "inline" }, buttons) : "";
   };
 
   const loadAccess = async () => {
