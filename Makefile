@@ -6,7 +6,7 @@ PYTHON ?= python3
 UV = $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 UV_RUN = $(UV) run --frozen
 
-.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench console
+.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench test-kafka test-faults test-badinput kafka-jars console
 
 ## run: install, then start Postgres, Kafka (Tansu), every service and the gateway; Ctrl-C stops all
 run: install
@@ -32,9 +32,41 @@ console: $(CONSOLE)/node_modules/.installed
 migrate: install
 	$(UV_RUN) python -m gpuaas.devstack migrate
 
-## test: unit, integration (real Postgres + Tansu started by the suite) and e2e (every service as a process)
+## test: unit, integration (real Postgres + Tansu started by the suite), e2e and bad input (every service as a
+##       process); the fault-injection tests run in `make test-faults` / `make test-kafka`
 test: install
-	$(UV_RUN) pytest -q -p no:cacheprovider
+	$(UV_RUN) pytest -q -p no:cacheprovider --ignore=tests/faults
+
+# Apache Kafka (4.x KRaft, Java 17, jars from Maven Central cached in ~/.cache/gpuaas): see gpuaas.devstack.kafka.
+KAFKA_TEST_DIR ?= .local/test-kafka
+KAFKA_CLI = $(UV_RUN) python -m gpuaas.devstack.kafka
+PYTEST = $(UV_RUN) pytest -q -p no:cacheprovider
+
+## kafka-jars: fetch Apache Kafka's jars once (mvn dependency:copy-dependencies into the cache)
+kafka-jars: install
+	$(KAFKA_CLI) fetch
+
+## test-kafka: the same suites on Apache Kafka: integration tests against a fresh broker started here
+##             (GPUAAS_KAFKA_BOOTSTRAP), then e2e, bad input and fault injection on stacks that each run their
+##             own Apache Kafka (GPUAAS_STACK_BROKER=kafka: broker stop/start keeps the log)
+test-kafka: kafka-jars
+	@set -euo pipefail; \
+	$(KAFKA_CLI) stop --dir $(KAFKA_TEST_DIR) --remove; \
+	bootstrap=$$($(KAFKA_CLI) start --dir $(KAFKA_TEST_DIR) --fresh); \
+	trap '$(KAFKA_CLI) stop --dir $(KAFKA_TEST_DIR) --remove' EXIT; \
+	echo "integration suites on Apache Kafka at $$bootstrap"; \
+	GPUAAS_KAFKA_BOOTSTRAP=$$bootstrap $(PYTEST) libs services agents
+	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/e2e
+	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/badinput
+	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/faults
+
+## test-faults: fault injection only (SIGKILLs, broker stop/crash/outage, Postgres restart, node-agent kill) on Apache Kafka
+test-faults: kafka-jars
+	GPUAAS_STACK_BROKER=kafka $(PYTEST) -s tests/faults
+
+## test-badinput: schemathesis through the gateway and direct, oversized bodies, malformed events (Tansu)
+test-badinput: install
+	$(PYTEST) -s tests/badinput
 
 ## lint: ruff (lint + format check) and import-linter (no service imports another)
 lint: install
@@ -47,8 +79,9 @@ bench: install
 	$(UV_RUN) python bench/event_pipeline.py
 
 # Debian packages used by the tests: the OCI registry and image tools for catalog trust; Chromium for the
-# web console's browser test (driven by playwright-core from web/console's node_modules).
-APT_PACKAGES := docker-registry skopeo umoci chromium
+# web console's browser test (driven by playwright-core from web/console's node_modules); Java 17 and Maven
+# for Apache Kafka (make test-kafka / test-faults).
+APT_PACKAGES := docker-registry skopeo umoci chromium openjdk-17-jre-headless maven
 deps-apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -1,0 +1,162 @@
+"""Fault injection on the real stack; after each fault the saga of `workload.Saga` must complete and
+`check_invariants` hold (sagas complete, ledger balanced, no double booking, nothing applied twice).
+
+- every service and the gateway SIGKILLed in the middle of its busiest part of the saga, then restarted;
+- the broker stopped and started (Apache Kafka keeps its log) and SIGKILLed (log recovery);
+- the outbox relays losing the broker for a minute while the API keeps accepting work;
+- Postgres restarted (fast shutdown: every connection dropped);
+- the node-agent SIGKILLed in the middle of its provision tasks and of its release tasks.
+
+Each test prints one line with its figures (run with -s to see them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from gpuaas.devstack.stack import Stack
+
+from .workload import Saga, check_invariants
+
+pytestmark = pytest.mark.e2e
+
+# Where in the saga each service is busiest (what it does then):
+#   identity     creates: the audit records of every create flow into its store (consumer) + token checks
+#   allocations  creates: placement under row locks, provision tasks leased to the agent, outbox
+#   catalog      creates: its identity projection consumer (the saga touches nothing else of it)
+#   app_runtime  release: the release clearance saga (allocations waits for app-runtime's answer)
+#   metering     release: closing meters and emitting final usage records
+#   billing      release: rating usage into the ledger
+#   gateway      creates: every request of the saga passes through it
+KILL_AT = {
+    "identity": "create",
+    "allocations": "create",
+    "catalog": "create",
+    "app_runtime": "release",
+    "metering": "release",
+    "billing": "release",
+    "gateway": "create",
+}
+
+
+@pytest.fixture
+async def saga(stack: Stack, gw: httpx.AsyncClient) -> AsyncIterator[Saga]:
+    s = Saga(stack, gw)
+    await s.setup()
+    yield s
+    await s.close()
+
+
+async def run_with_fault(
+    saga: Saga, at: str, fault: Callable[[], Awaitable[None]], release_while: bool = False
+) -> dict:
+    """The saga with `fault` injected at `at` ("create": as soon as the first allocation is placed, while the
+    other creates and the provision tasks are in flight; "release": right after the release requests, or
+    while they are being sent with `release_while`)."""
+    t0 = time.monotonic()
+    if at == "create":
+        creating = asyncio.create_task(saga.create_until_full())
+        await saga.wait_first_placed()
+        await fault()
+        await creating
+        await saga.wait_all("active", timeout_s=240)
+        await saga.release_all()
+    else:
+        await saga.create_until_full()
+        await saga.wait_all("active", timeout_s=240)
+        if release_while:
+            releasing = asyncio.create_task(saga.release_all())
+            await fault()
+            await releasing
+        else:
+            await saga.release_all()
+            await fault()
+    await saga.wait_all("released", timeout_s=240)
+    figures = await check_invariants(saga, timeout_s=180)
+    figures["seconds"] = round(time.monotonic() - t0, 1)
+    return figures
+
+
+def kill_and_restart(stack: Stack, name: str, down_s: float = 2.0) -> Callable[[], Awaitable[None]]:
+    async def fault() -> None:
+        await asyncio.to_thread(stack.kill, name, signal.SIGKILL)
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(stack.start_service, name)
+
+    return fault
+
+
+@pytest.mark.parametrize("service", list(KILL_AT))
+async def test_sigkill_service_mid_saga(stack: Stack, saga: Saga, service: str) -> None:
+    pid = stack.pid(service)
+    figures = await run_with_fault(saga, KILL_AT[service], kill_and_restart(stack, service))
+    assert stack.pid(service) != pid, "the service was really killed and restarted"
+    print(f"\nFAULT sigkill {service} at {KILL_AT[service]}: {figures}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["stop", "crash"])
+async def test_broker_stop_start(stack: Stack, saga: Saga, sig: int) -> None:
+    if stack.kafka is None:
+        pytest.skip("needs the stack's own Apache Kafka (GPUAAS_STACK_BROKER=kafka); Tansu: test_exactly_once d")
+    pids = {n: stack.pid(n) for n in stack.names}
+
+    async def fault() -> None:
+        await asyncio.to_thread(stack.stop_broker, sig)
+        await asyncio.sleep(3)
+        await asyncio.to_thread(stack.start_broker)
+
+    figures = await run_with_fault(saga, "create", fault)
+    assert {n: stack.pid(n) for n in stack.names} == pids, "no service was restarted: they rode it out"
+    print(f"\nFAULT broker {signal.Signals(sig).name} + start: {figures}")
+
+
+async def test_relays_lose_the_broker_for_a_minute(stack: Stack, saga: Saga) -> None:
+    if stack.kafka is None:
+        pytest.skip("the stack's own Apache Kafka is needed (GPUAAS_STACK_BROKER=kafka)")
+    outage_s = 60.0
+    pending: dict[str, int] = {}
+
+    async def fault() -> None:
+        await asyncio.to_thread(stack.stop_broker)
+        # The API keeps accepting work meanwhile: the releases commit, their events wait in the outbox.
+        await asyncio.sleep(outage_s / 2)
+        for svc in ("allocations",):
+            pending[svc] = await stack.fetchval(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+        await asyncio.sleep(outage_s / 2)
+        await asyncio.to_thread(stack.start_broker)
+
+    figures = await run_with_fault(saga, "release", fault, release_while=True)
+    assert pending["allocations"] > 0, "events waited in the outbox while the broker was away"
+    assert await stack.fetchval("allocations", "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
+    print(f"\nFAULT broker away {outage_s:.0f}s (outbox held {pending}): {figures}")
+
+
+async def test_postgres_restart(stack: Stack, saga: Saga) -> None:
+    if stack.pg is None:
+        pytest.skip("external database")
+
+    async def fault() -> None:
+        await asyncio.to_thread(stack.restart_postgres)
+
+    figures = await run_with_fault(saga, "create", fault)
+    print(f"\nFAULT postgres restart: {figures}")
+
+
+@pytest.mark.parametrize("at", ["create", "release"])
+async def test_node_agent_killed_mid_task(stack: Stack, saga: Saga, at: str) -> None:
+    assert saga.agent is not None
+    agent = saga.agent
+
+    async def fault() -> None:
+        await asyncio.to_thread(agent.kill, signal.SIGKILL)
+        await asyncio.sleep(3)
+        await asyncio.to_thread(agent.start)
+
+    figures = await run_with_fault(saga, at, fault, release_while=True)
+    print(f"\nFAULT node-agent SIGKILL at {at}: {figures}")
