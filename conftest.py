@@ -73,8 +73,15 @@ class Signer:
 
     def token(self, subject: uuid.UUID, kind: str = "user", ttl_s: int = 300, **claims: Any) -> str:
         now = int(time.time())
-        body = {"iss": self.issuer, "aud": "gpuaas", "sub": str(subject), "typ": kind, "iat": now,
-                "exp": now + ttl_s, **claims}
+        body = {
+            "iss": self.issuer,
+            "aud": "gpuaas",
+            "sub": str(subject),
+            "typ": kind,
+            "iat": now,
+            "exp": now + ttl_s,
+            **claims,
+        }
         return jwt.encode({"alg": "ES256", "kid": self.key.kid}, body, self.key)
 
 
