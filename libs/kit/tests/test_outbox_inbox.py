@@ -173,6 +173,9 @@ async def test_malformed_messages_are_parked_and_never_stop_the_consumer(infra) 
             await raw.send_and_wait(AUDIT, b"{not json " + marker, key=b"x")
             bad_shape = b'{"type": "audit.recorded", "id": "nope", "marker": "' + marker + b'"}'
             await raw.send_and_wait(AUDIT, bad_shape, key=b"y")
+            # Nesting deeper than the JSON decoder's recursion limit (RecursionError, not ValueError).
+            deep = b'{"marker": "' + marker + b'", "data": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+            await raw.send_and_wait(AUDIT, deep, key=b"x")
             await raw.send_and_wait(AUDIT, b'{"type": "some.future.event", "data": {}}', key=b"z")
             await raw.send_and_wait(AUDIT, audit_event(run, "ok", 7).model_dump_json().encode(), key=b"ok")
         finally:
@@ -184,7 +187,7 @@ async def test_malformed_messages_are_parked_and_never_stop_the_consumer(infra) 
         await wait_for(done, 60, "valid event applied after garbage")
     parked = await fetch(cons_url, cons_name, "SELECT error, payload FROM dead_letters")
     ours = [p for p in parked if marker in bytes(p[1])]
-    assert len(ours) == 2 and all(p[0].startswith("malformed event") for p in ours)
+    assert len(ours) == 3 and all(p[0].startswith("malformed event") for p in ours)
     # The unknown event type is ignored, not parked.
     assert not [p for p in parked if b"some.future.event" in bytes(p[1])]
 

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
-from pydantic import ValidationError
 from sqlalchemy import func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -155,7 +154,8 @@ class EventConsumer:
                     if topic is None:
                         raise ValueError(f"unknown topic {record.topic}")
                     event = topic.parse(record.value)
-                except (ValueError, ValidationError, UnicodeDecodeError) as exc:
+                except Exception as exc:  # parsing has no effects: whatever it raises (ValidationError, a
+                    # RecursionError for deep nesting, ...) parks this one record instead of failing the batch
                     await self._park(session, record, None, None, f"malformed event: {exc}", attempts=1)
                     continue
                 if event is None:
