@@ -40,7 +40,9 @@ def problem_ok(r: requests.Response) -> str | None:
     if r.status_code >= 500:
         return f"{r.status_code} server error: {r.text[:300]}"
     if r.status_code >= 400:
-        ctype = r.headers.get("content-type", "")
+        ctype = r.headers.get("content-type") or ""
+        if isinstance(ctype, list):  # schemathesis' response: every header is a list
+            ctype = ctype[0] if ctype else ""
         if not ctype.startswith("application/problem+json"):
             return f"{r.status_code} not problem+json ({ctype}): {r.text[:200]}"
         try:

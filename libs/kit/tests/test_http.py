@@ -111,7 +111,7 @@ async def test_reservation_of_a_killed_request_is_taken_over_when_stale(app_clie
 
 
 async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> None:  # type: ignore[no-untyped-def]
-    client, _ = app_client
+    client, kit = app_client
     auth = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}"}
     r = await client.post("/things", json={"name": ""}, headers=auth)
     assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
@@ -127,6 +127,16 @@ async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> 
     assert r.status_code == 401
     r = await client.post("/things", content=b"x" * 5000, headers={**auth, "content-type": "application/json"})
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+
+    async def chunked():  # no Content-Length: the limit holds on the stream
+        yield b'{"name": "'
+        for _ in range(5):
+            yield b"x" * 1000
+        yield b'"}'
+
+    r = await client.post("/things", content=chunked(), headers={**auth, "content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+    assert await count_things(kit) == 0
     r = await client.get("/nope")
     assert r.status_code == 404 and r.json()["code"] == "not_found"
 

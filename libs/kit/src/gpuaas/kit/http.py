@@ -75,19 +75,32 @@ class BodyLimitMiddleware:
             await _too_large(self.max_bytes)(scope, receive, send)
             return
         seen = 0
+        overflow = started = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, overflow
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    overflow = True
                     raise BodyTooLarge
             return message
 
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if overflow and not started:
+                # FastAPI turns any error while reading the body into 400 "error parsing the body":
+                # an undeclared (chunked) body over the limit is answered 413 below instead.
+                return
+            started = True
+            await send(message)
+
         try:
-            await self.app(scope, limited_receive, send)
+            await self.app(scope, limited_receive, guarded_send)
         except BodyTooLarge:
+            pass
+        if overflow and not started:
             await _too_large(self.max_bytes)(scope, receive, send)
 
 
