@@ -137,6 +137,10 @@ async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> 
     r = await client.post("/things", content=chunked(), headers={**auth, "content-type": "application/json"})
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
     assert await count_things(kit) == 0
+    # A value Postgres cannot store (NUL byte) is bad input, not "database unavailable", and writes nothing.
+    r = await client.post("/things", json={"name": "a\u0000b"}, headers=auth)
+    assert r.status_code == 422 and r.json()["code"] == "invalid_value", r.text
+    assert await count_things(kit) == 0
     r = await client.get("/nope")
     assert r.status_code == 404 and r.json()["code"] == "not_found"
 

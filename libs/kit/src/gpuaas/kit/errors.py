@@ -158,6 +158,16 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)
     async def _db(request: Request, exc: DBAPIError) -> JSONResponse:
+        sqlstate = str(getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None) or "")
+        if sqlstate.startswith("22"):  # data exception: a value Postgres cannot store (NUL byte, out of range)
+            log.info("data_exception", sqlstate=sqlstate, error=str(exc.orig)[:500])
+            return problem_response(
+                422,
+                "invalid_value",
+                "Invalid value",
+                "A value in the request cannot be stored (e.g. a NUL character or a number out of range).",
+                request.url.path,
+            )
         log.warning("database_unavailable", error=str(exc))
         return problem_response(
             503,

@@ -158,7 +158,10 @@ def _period(period: str | None) -> datetime:
     if period is None:
         return domain.month_start(datetime.now(UTC))
     year, month = period.split("-")
-    return datetime(int(year), int(month), 1, tzinfo=UTC)
+    try:
+        return datetime(int(year), int(month), 1, tzinfo=UTC)
+    except ValueError:  # e.g. year 0000: matches PERIOD but is no calendar month
+        raise Unprocessable(f"{period!r} is not a calendar month", code="invalid_period") from None
 
 
 # ------------------------------------------------------------------------------------------ prices
