@@ -145,6 +145,12 @@ async def test_real_slurm_cluster_on_two_allocations() -> None:
             f"{node_dir(n.allocation_id, cid)}/log/slurmd-{n.name}.log" for n in c.nodes.values()
         ]
         assert acct.strip().splitlines()[0] == f"COMPLETED|{c.account}", (acct, squeue, [_tail(p) for p in logs])
+        for _ in range(30):  # the usage producer's view: slurmdbd's completed jobs
+            jd = await ra(cid, "jobs_done")
+            if job in jd["JOBS"].split():
+                break
+            await asyncio.sleep(1)
+        assert job in jd["JOBS"].split(), jd
         both = await sh("srun -N2 bash -c 'echo $SLURMD_NODENAME'")
         assert sorted(both.split()) == sorted(c.nodes)
 

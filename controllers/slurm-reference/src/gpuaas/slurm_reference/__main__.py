@@ -25,7 +25,7 @@ async def run(url: str, client_id: str, client_secret: str, app_slug: str, lease
     loop = ReconcileLoop(
         client,
         app_slug=app_slug,
-        controller=SlurmReference(),
+        controller=SlurmReference(health_every_s=float(os.environ.get("GPUAAS_HEALTH_EVERY_S", "15"))),
         lease_s=lease_s,
         poll_interval_s=poll_s,
         holder=os.environ.get("GPUAAS_CONTROLLER_HOLDER"),
@@ -46,6 +46,8 @@ def main() -> None:
     p.add_argument("--poll-s", type=float, default=float(os.environ.get("GPUAAS_POLL_S", "1.0")))
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for noisy in ("asyncssh", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     asyncio.run(
         run(
             args.url,

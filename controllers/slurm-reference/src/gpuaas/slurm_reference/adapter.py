@@ -20,9 +20,10 @@ import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
-from gpuaas.sdk import Client, Controller, OperationContext, OperationFailed
+from gpuaas.sdk import ApiError, Client, Controller, OperationContext, OperationFailed
 from gpuaas.sdk.models import Instance, Member
 from gpuaas.slurm_reference.config import (
     Cluster,
@@ -75,6 +76,7 @@ class SlurmReference(Controller):
         self.health_every_s = health_every_s
         self.node_ready_timeout_s = node_ready_timeout_s
         self._last_health: dict[uuid.UUID, float] = {}
+        self._posted: set[str] = set()  # app usage idempotency keys already accepted
 
     # ----------------------------------------------------------------------------------- plumbing
 
@@ -481,6 +483,36 @@ class SlurmReference(Controller):
         else:
             health = {"status": "healthy", "message": f"slurmctld UP; {len(cluster.nodes)} node(s) ready"}
         await self._publish(client, instance, cluster, health)
+        await self._report_jobs(client, instance, runner, cid)
+
+    async def _report_jobs(self, client: Client, instance: Instance, runner: Runner, cid: str) -> None:
+        """App usage producer: one `requests` unit per completed Slurm job, idempotent per job id."""
+        try:
+            jobs = (await runner(cid, "jobs_done", timeout_s=30)).get("JOBS", "").split()
+        except NodeError as exc:
+            log.warning("jobs_done failed: %s", exc)
+            return
+        for job in jobs:
+            key = f"slurm-{cid}-job-{job}"
+            if key in self._posted:
+                continue
+            try:
+                await client.request(
+                    "POST",
+                    "/api/metering/usage/app",
+                    json={
+                        "instance_id": str(instance.instance_id),
+                        "unit": "requests",
+                        "quantity": "1",
+                        "idempotency_key": key,
+                        "occurred_at": datetime.now(UTC).isoformat(),
+                    },
+                )
+            except ApiError as exc:
+                if exc.code != "idempotency_key_reused":
+                    log.warning("app usage for job %s not recorded: %s", job, exc)
+                    continue
+            self._posted.add(key)
 
 
 class _suppress_node_error:

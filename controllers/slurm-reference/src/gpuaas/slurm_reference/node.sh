@@ -275,3 +275,9 @@ print("TEARDOWN_VERIFIED=" + ("1" if ok else "0"))
 print("EVIDENCE=" + "; ".join(ev))
 PY
 }
+
+jobs_done() {  # completed jobs of the last day (the app usage the controller reports, one request per job)
+    local since
+    since=$(date -d '1 day ago' +%Y-%m-%dT%H:%M:%S)
+    echo "JOBS=$(sacct -n -X -P -a -S "$since" -E now -o JobID,State 2>&1 | awk -F'|' '$2 == "COMPLETED" {print $1}' | tr '\n' ' ')"
+}

@@ -29,7 +29,8 @@ class Endpoint:
 
 def script(cluster_id: str, action: str, **env: Any) -> str:
     assigns = "".join(f"{k}={shlex.quote(str(v))}\n" for k, v in env.items())
-    return f"CLUSTER_ID={shlex.quote(cluster_id)}\n{NODE_LIB}\n{assigns}{action}\n"
+    # the action reads nothing from stdin (which is this script): daemons and clients get /dev/null
+    return f"CLUSTER_ID={shlex.quote(cluster_id)}\n{NODE_LIB}\n{assigns}{action} </dev/null\n"
 
 
 def parse(stdout: str) -> dict[str, str]:
