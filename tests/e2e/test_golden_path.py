@@ -428,10 +428,25 @@ async def test_golden_path(stack: Stack, gw: httpx.AsyncClient, registry: LocalR
         assert len(names) == 2 and node_a in names, nodes
         node_b = next(n for n in names if n != node_a)
 
-        steps.start("4d remove worker B (slurmctld restarted, verified teardown)")
-        ms = await alice.get(f"/api/app-runtime/instances/{iid}/members")
-        ms = ms["items"] if isinstance(ms, dict) else ms
-        w_b = next(m for m in ms if m["allocation_id"] == b_id)
+        steps.start("4d drain worker B, then remove it (slurmctld restarted, verified teardown)")
+
+        async def member_on(allocation_id: str) -> dict[str, Any]:
+            ms = await alice.get(f"/api/app-runtime/instances/{iid}/members")
+            return next(m for m in (ms["items"] if isinstance(ms, dict) else ms) if m["allocation_id"] == allocation_id)
+
+        w_b = await member_on(b_id)
+        await alice.act(
+            "POST",
+            f"/api/app-runtime/instances/{iid}/operations",
+            json={"kind": "drain", "member_id": w_b["member_id"]},
+        )
+
+        async def drained() -> bool:
+            return (await member_on(b_id))["status"] == "stopped"
+
+        await eventually(drained, 60, "worker B drained", interval_s=1)
+        state = await ssh(ep_a, bob_key, env + f"sinfo -h -N -n {node_b} -o '%T'")
+        assert state.strip() in ("drained", "draining"), state
         await alice.act(
             "POST",
             f"/api/app-runtime/instances/{iid}/operations",
@@ -442,6 +457,53 @@ async def test_golden_path(stack: Stack, gw: httpx.AsyncClient, registry: LocalR
         assert removal["result"]["teardown_verified"] is True, removal
         assert (await ssh(ep_a, bob_key, env + "sinfo -h -N -o '%N'")).split() == [node_a]
         assert node_b not in await ssh(ep_b, bob_key, "ps -eo args")
+
+        steps.start("4e re-add worker B: bootstrap fails on a broken host dir (clear reason), recover → srun -N2")
+        cid = "c" + uuid.UUID(iid).hex[:12]
+        broken = f"/var/lib/gpuaas-slurm/{b_id.replace('-', '')[-12:]}/{cid}"
+        await ssh(ep_b, bob_key, f"mkdir -p $(dirname {broken}) && echo broken > {broken}")  # a file where a dir goes
+        await alice.act(
+            "POST", f"/api/app-runtime/instances/{iid}/operations", json={"kind": "add", "allocation_id": b_id}
+        )
+
+        async def degraded() -> bool:
+            return (await instance())["status"] == "degraded"
+
+        await eventually(degraded, 60, "instance degraded by the failed worker", interval_s=1)
+        bad = await member_on(b_id)
+        failed_add = next(
+            o
+            for o in await _ops(alice, iid)
+            if o.get("result_member_id") == bad["member_id"] or o.get("member_id") == bad["member_id"]
+        )
+        assert bad["status"] == "failed" and "cannot create the cluster directory" in (failed_add["error"] or ""), (
+            failed_add
+        )
+        await ssh(ep_b, bob_key, f"rm -f {broken}")
+        await alice.act(
+            "POST",
+            f"/api/app-runtime/instances/{iid}/operations",
+            json={"kind": "recover", "member_id": bad["member_id"]},
+        )
+
+        async def recovered() -> bool:
+            i = await instance()
+            return i["status"] == "running" and i["health"]["status"] == "healthy"
+
+        await eventually(recovered, 120, "recovered: running", interval_s=1)
+        await eventually(await members(3), 30, "recovered worker active", interval_s=1)
+        tombs = await alice.get(f"/api/app-runtime/instances/{iid}/members", include_tombstones="true")
+        tomb = next(m for m in tombs["items"] if m["member_id"] == bad["member_id"])
+        assert tomb["tombstoned"] and tomb["status"] == "failed", tomb
+        nodes = await ssh(ep_a, bob_key, env + "srun -N2 bash -c 'echo $SLURMD_NODENAME' | sort")
+        assert len(nodes.split()) == 2 and node_a in nodes.split() and node_b not in nodes.split(), nodes
+        w_b = await member_on(b_id)
+        await alice.act(
+            "POST",
+            f"/api/app-runtime/instances/{iid}/operations",
+            json={"kind": "remove", "member_id": w_b["member_id"]},
+        )
+        await eventually(await members(2), 120, "recovered worker B removed", interval_s=1)
 
         # ---------------------------------------------------------------- 5. metering and billing
         steps.start("5 metering: GPU time on both allocations, app usage charged once")
@@ -468,7 +530,6 @@ async def test_golden_path(stack: Stack, gw: httpx.AsyncClient, registry: LocalR
         report = (await instance())["decommission"]
         assert not report["forced"] and len(report["verified_member_ids"]) >= 2, report
         assert any("removed" in e for e in report["evidence"]), report
-        cid = "c" + uuid.UUID(iid).hex[:12]  # the cluster's directory key on every allocation
         assert _cluster_processes(cid) == [], "daemons left after a verified teardown"
         left = await ssh(ep_a, bob_key, f"ls /var/lib/gpuaas-slurm/*/{cid} 2>&1 || true")
         assert "No such file" in left, left

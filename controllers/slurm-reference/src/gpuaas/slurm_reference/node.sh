@@ -67,7 +67,8 @@ stop_pidfile() {  # stop_pidfile FILE: TERM, wait, KILL
 }
 
 layout() {
-    mkdir -p "$D"/{etc,munge,log,run,spool,state}
+    mkdir -p "$D"/{etc,munge,log,run,spool,state} 2>/dev/null \
+        || die "cannot create the cluster directory $D on this host: $(mkdir -p "$D" 2>&1 | head -n 1)"
     chmod 700 "$D/munge"
 }
 
