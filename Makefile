@@ -6,7 +6,7 @@ PYTHON ?= python3
 UV = $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 UV_RUN = $(UV) run --frozen
 
-.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench test-kafka test-faults test-badinput kafka-jars console
+.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench demo test-kafka test-faults test-badinput kafka-jars console
 
 ## run: install, then start Postgres, Kafka (Tansu), every service and the gateway; Ctrl-C stops all
 run: install
@@ -73,6 +73,10 @@ lint: install
 	$(UV_RUN) ruff check .
 	$(UV_RUN) ruff format --check .
 	$(UV_RUN) lint-imports
+
+## demo: the golden path (tenant → allocations → Slurm → billing → audit) against a running `make run`, step by step
+demo: install
+	$(UV_RUN) python scripts/demo.py
 
 ## bench: the event pipeline benchmark (prints figures; see bench/)
 bench: install
