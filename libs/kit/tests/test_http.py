@@ -161,3 +161,23 @@ async def test_health_readiness_and_metrics(app_client) -> None:  # type: ignore
     metrics = (await client.get("/metrics")).text
     assert "_http_request_duration_seconds_bucket" in metrics and "_dead_letters " in metrics
     assert "_outbox_lag_events" in metrics
+
+
+async def test_chunked_body_over_the_limit_is_413_not_a_read_error(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+    client, kit = app_client
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(5):
+            yield b"x" * 1000
+
+    auth = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}", "content-type": "application/json"}
+    r = await client.post("/things", content=chunks(), headers=auth)
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+
+    async def small():  # type: ignore[no-untyped-def]
+        yield b'{"name": '
+        yield b'"chunked"}'
+
+    r = await client.post("/things", content=small(), headers=auth)
+    assert r.status_code == 201 and r.json()["name"] == "chunked"
+    assert await count_things(kit) == 1

@@ -62,6 +62,9 @@ class CorrelationMiddleware:
 
 
 class BodyLimitMiddleware:
+    """413 for bodies over the limit. A declared Content-Length is checked before reading; a chunked
+    body is buffered up to the limit here (the app would otherwise see a read error and answer 400)."""
+
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -71,41 +74,39 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = header(scope, b"content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_bytes:
-            await _too_large(self.max_bytes)(scope, receive, send)
-            return
-        seen = 0
-        overflow = started = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen, overflow
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    overflow = True
-                    raise BodyTooLarge
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            nonlocal started
-            if overflow and not started:
-                # FastAPI turns any error while reading the body into 400 "error parsing the body":
-                # an undeclared (chunked) body over the limit is answered 413 below instead.
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await _too_large(self.max_bytes)(scope, receive, send)
                 return
-            started = True
-            await send(message)
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # client went away
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.max_bytes:
+                await _too_large(self.max_bytes)(scope, receive, send)
+                return
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        replayed = False
 
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except BodyTooLarge:
-            pass
-        if overflow and not started:
-            await _too_large(self.max_bytes)(scope, receive, send)
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
-
-class BodyTooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 def _too_large(limit: int) -> Any:

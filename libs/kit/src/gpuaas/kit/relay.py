@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -50,6 +51,7 @@ class OutboxRelay:
         batch_size: int = 500,
         poll_interval_s: float = 1.0,
         retention_hours: int = 168,
+        publish_timeout_s: float = 60.0,
     ) -> None:
         self.schema = schema
         self.engine = engine
@@ -60,6 +62,7 @@ class OutboxRelay:
         self.batch_size = batch_size
         self.poll_interval_s = poll_interval_s
         self.retention = timedelta(hours=retention_hours)
+        self.publish_timeout_s = publish_timeout_s
         self.is_leader = False
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -79,6 +82,14 @@ class OutboxRelay:
                 await self._publish_loop(lock_conn)
             except (OSError, asyncpg.PostgresError, ConnectionError) as exc:
                 log.warning("relay_db_error", error=str(exc))
+                await self._sleep(1.0)
+            except (KafkaError, TimeoutError) as exc:
+                # The broker failed (or did not acknowledge in time) a batch: its transaction rolled back, the
+                # rows stay unsent and are published again; consumers dedupe whatever had reached the broker.
+                log.warning("relay_publish_failed", error=f"{type(exc).__name__}: {exc}")
+                await self._sleep(1.0)
+            except Exception:  # never let the relay task die silently: nothing would publish until a restart
+                log.exception("relay_failed")
                 await self._sleep(1.0)
             finally:
                 self.is_leader = False
@@ -151,7 +162,7 @@ class OutboxRelay:
                     await self.producer.send(r.topic, r.payload, key=r.aggregate_id.encode(), headers=headers)
                 )
             # acks=all: every record of the batch is durable on the broker before we mark it.
-            await asyncio.gather(*futures)
+            await asyncio.wait_for(asyncio.gather(*futures), self.publish_timeout_s)
             if os.environ.get(FAULT_KILL_AFTER_PUBLISH):
                 log.warning("fault_injection_kill_after_publish", rows=len(rows))
                 os.kill(os.getpid(), signal.SIGKILL)
