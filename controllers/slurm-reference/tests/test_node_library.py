@@ -151,6 +151,12 @@ async def test_real_slurm_cluster_on_two_allocations() -> None:
                 break
             await asyncio.sleep(1)
         assert job in jd["JOBS"].split(), jd
+        # PMIx: libpmix-dev lets Debian's mpi_pmix plugin load without the libpmix warnings
+        pmix = await asyncio.create_subprocess_exec(
+            "bash", "-c", "srun --mpi=pmix -N1 true", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, pmix_err = await asyncio.wait_for(pmix.communicate(), 60)
+        assert pmix.returncode == 0 and "libpmix" not in pmix_err.decode(), pmix_err.decode()
         both = await sh("srun -N2 bash -c 'echo $SLURMD_NODENAME'")
         assert sorted(both.split()) == sorted(c.nodes)
 
