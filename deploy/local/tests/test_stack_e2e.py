@@ -28,11 +28,20 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from gpuaas.devstack.stack import GATEWAY, SERVICES, Stack, StackInterrupted, read_json
-from gpuaas.devstack.testing import leftover_processes, remove_root, temp_root
+from gpuaas.devstack.testing import current_children, leftover_processes, remove_root, temp_root
 
 pytestmark = pytest.mark.e2e
 
 ALL = [*SERVICES, GATEWAY]
+
+
+# Children this test process already had (servers started by other suites of the same session).
+PREEXISTING: set[int] = set()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _record_preexisting_children() -> None:
+    PREEXISTING.update(current_children())
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +97,7 @@ def test_an_interrupted_start_leaves_nothing(fresh_root: Path) -> None:
             s.start()
     finally:
         timer.cancel()
-    assert leftover_processes(fresh_root) == []
+    assert leftover_processes(fresh_root, preexisting=PREEXISTING) == []
     assert s.pg is None or not s.pg.running
 
 
@@ -124,7 +133,7 @@ def test_runner_cli_run_status_stop(fresh_root: Path) -> None:
         if runner.poll() is None:
             runner.send_signal(signal.SIGINT)
             runner.wait(60)
-    assert leftover_processes(fresh_root, pids) == []
+    assert leftover_processes(fresh_root, pids, preexisting=PREEXISTING) == []
     assert read_json(fresh_root / "stack.json")["running"] is False
 
 
@@ -320,7 +329,7 @@ async def test_stop_leaves_nothing_and_a_second_start_reuses_the_data(stack: Sta
     assert len(pids) == len(ALL) + (stack.pg is not None) + (stack.tansu is not None)
 
     await asyncio.to_thread(stack.stop)
-    assert leftover_processes(root, pids) == []
+    assert leftover_processes(root, pids, preexisting=PREEXISTING) == []
     assert read_json(root / "stack.json")["running"] is False
 
     second = Stack(root=root, free_ports=True)
@@ -334,4 +343,4 @@ async def test_stop_leaves_nothing_and_a_second_start_reuses_the_data(stack: Sta
         pids = stack_pids(second)
     finally:
         await asyncio.to_thread(second.stop)
-    assert leftover_processes(root, pids) == []
+    assert leftover_processes(root, pids, preexisting=PREEXISTING) == []

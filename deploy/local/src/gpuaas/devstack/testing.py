@@ -30,11 +30,20 @@ def remove_root(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def leftover_processes(root: Path, pids: Iterable[int] = (), include_children: bool = True) -> list[str]:
+def current_children() -> set[int]:
+    """Pids of this process's live children: taken before a test, so that servers other suites of the
+    same session started (the shared test Postgres/broker) are not mistaken for leftovers."""
+    return {c.pid for c in psutil.Process().children(recursive=True)}
+
+
+def leftover_processes(
+    root: Path, pids: Iterable[int] = (), include_children: bool = True, preexisting: Iterable[int] = ()
+) -> list[str]:
     """Processes still alive from a stopped Stack: the given pids, anything whose command line names its
-    directory (`postgres -D <root>/pg`), and (include_children) any child of this process. Empty when it
-    stopped cleanly."""
+    directory (`postgres -D <root>/pg`), and (include_children) any child of this process that was not
+    already there (`preexisting`). Empty when it stopped cleanly."""
     wanted = set(pids)
+    before = set(preexisting)
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
@@ -46,6 +55,8 @@ def leftover_processes(root: Path, pids: Iterable[int] = (), include_children: b
         except psutil.Error:
             continue
     for child in psutil.Process().children(recursive=True) if include_children else []:
+        if child.pid in before:
+            continue
         try:
             if child.status() != psutil.STATUS_ZOMBIE:
                 found.append(f"child {child.pid} {' '.join(child.cmdline())}")
