@@ -456,7 +456,8 @@ class SlurmReference(Controller):
         if now - self._last_health.get(instance.instance_id, 0.0) < self.health_every_s:
             return
         self._last_health[instance.instance_id] = now
-        ctl = self._controller_member(await client.controller_members(instance.instance_id))
+        members = await client.controller_members(instance.instance_id)
+        ctl = self._controller_member(members)
         if ctl is None or ctl.status != "active":
             return
         cid = cluster_id(instance.instance_id)
@@ -483,7 +484,27 @@ class SlurmReference(Controller):
         else:
             health = {"status": "healthy", "message": f"slurmctld UP; {len(cluster.nodes)} node(s) ready"}
         await self._publish(client, instance, cluster, health)
+        await self._report_nodes(client, instance, cluster, members, nodes)
         await self._report_jobs(client, instance, runner, cid)
+
+    @staticmethod
+    async def _report_nodes(
+        client: Client, instance: Instance, cluster: Cluster, members: list[Member], states: dict[str, str]
+    ) -> None:
+        """Member status from Slurm: an active worker whose node is DOWN (slurmd dead, or set down by an admin)
+        is reported `failed` with the node's state, so the instance shows `degraded` and `recover` rebuilds it."""
+        live = {str(m.member_id): m for m in members if not m.tombstoned}
+        for node in cluster.nodes.values():
+            member = live.get(node.member_id)
+            state = states.get(node.name, "")
+            if member is None or member.status != "active" or not state.startswith(("down", "fail")):
+                continue
+            await client.report_member(
+                member.member_id,
+                status="failed",
+                detail={"node": node.name, "slurm_state": state, "reason": f"Slurm reports node {node.name} {state}"},
+            )
+            await client.report_event(instance.instance_id, "node_down", f"{node.name} is {state}", node=node.name)
 
     async def _report_jobs(self, client: Client, instance: Instance, runner: Runner, cid: str) -> None:
         """App usage producer: one `requests` unit per completed Slurm job, idempotent per job id."""
