@@ -27,6 +27,7 @@ printed and written to <stack root>/golden-path.json.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -636,6 +637,8 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
             _reap(_cluster_processes(cid))
             for d in Path("/var/lib/gpuaas-slurm").glob(f"*/{cid}"):
                 shutil.rmtree(d, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    d.parent.rmdir()  # the allocation's directory, when no other cluster uses it
         for u in users:
             await u.client.aclose()
         total_s = round(time.monotonic() - steps.t0, 1)
