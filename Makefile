@@ -82,10 +82,9 @@ demo: install
 bench: install
 	$(UV_RUN) python bench/event_pipeline.py
 
-# Debian packages used by the tests: the OCI registry and image tools for catalog trust; Chromium for the
-# web console's browser test (driven by playwright-core from web/console's node_modules); Java 17 and Maven
-# for Apache Kafka (make test-kafka / test-faults).
-APT_PACKAGES := docker-registry skopeo umoci chromium openjdk-17-jre-headless maven
+# Debian packages used by the tests: the OCI registry and image tools (catalog trust), Chromium (console
+# browser tests), Slurm 22.05 + munge + slurmdbd on MariaDB + PMIx (the Slurm reference controller).
+APT_PACKAGES := docker-registry skopeo umoci chromium slurm-wlm slurmdbd munge mariadb-server libpmix-dev
 deps-apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -52,6 +52,8 @@ class Row:
     target: str | None = None  # platform | tenant | project; default: from the path parameters
     expect: Callable[[str], str] | None = None  # role -> "2xx"/"403"/"404", for non-table rules
     exempt: str | None = None
+    params: Callable[[World], dict[str, str]] | None = None  # query parameters the operation requires
+    query: frozenset[str] = frozenset()  # required tenant_id/project_id query parameters (derived)
 
 
 async def _fresh_membership(w: World) -> dict[str, str]:
@@ -160,6 +162,11 @@ ROWS: dict[tuple[str, str], Row] = {
         expect=lambda role: {"platform_admin": "2xx", "tenant_admin": "2xx", "other_tenant": "404"}.get(role, "403")
     ),
 }
+# billing: a tenant's combined cost is asked by tenant_id (tenant admins and operators)
+ROWS[("GET", "/api/billing/costs")] = Row(
+    params=lambda w: {"tenant_id": w.tenant_id},
+    expect=lambda role: {"platform_admin": "2xx", "tenant_admin": "2xx", "other_tenant": "404"}.get(role, "403"),
+)
 # every service's operator surface (kit admin router)
 for _svc in ("identity", "allocations", "catalog", "app-runtime", "metering", "billing"):
     ROWS[("POST", f"/api/{_svc}/admin/dead-letters/{{dead_letter_id}}/retry")] = Row(
@@ -171,9 +178,9 @@ for _svc in ("identity", "allocations", "catalog", "app-runtime", "metering", "b
 def target_of(path: str, row: Row) -> str:
     if row.target:
         return row.target
-    if "{project_id}" in path:
+    if "{project_id}" in path or "project_id" in row.query:
         return "project"
-    if "{tenant_id}" in path:
+    if "{tenant_id}" in path or "tenant_id" in row.query:
         return "tenant"
     return "platform"
 
@@ -246,8 +253,9 @@ def plan(method: str, path: str, op: dict[str, Any]) -> Row | str:
     if row is not None:
         return row
     params = {p.strip("{}") for p in path.split("/") if p.startswith("{")}
-    if ACTION_EXTENSION in op and params <= SIMPLE_PARAMS and "requestBody" not in op:
-        return Row()
+    query = {p["name"] for p in op.get("parameters", []) if p.get("in") == "query" and p.get("required")}
+    if ACTION_EXTENSION in op and params | query <= SIMPLE_PARAMS and "requestBody" not in op:
+        return Row(query=frozenset(query))
     return "no row in ROWS and not derivable (body or other path parameters, or no x-gpuaas-action)"
 
 
@@ -260,6 +268,10 @@ async def call(w: World, method: str, path: str, row: Row, role: str) -> int:
             url.replace(f"{{{k}}}", v).replace("{user_id}", v) if k.endswith("user_id") else url.replace(f"{{{k}}}", v)
         )
     params = {"tenant_id": w.tenant_id} if path.endswith("/audit") and role != "platform_admin" else None
+    if row.params is not None:
+        params = row.params(w)
+    elif row.query:
+        params = {name: w.tenant_id if name == "tenant_id" else w.project_id for name in row.query}
     kwargs: dict[str, Any] = {"headers": w.tokens[role], "params": params}
     if row.body is not None:
         kwargs["json"] = row.body(w)
