@@ -83,7 +83,8 @@ bench: install
 	$(UV_RUN) python bench/event_pipeline.py
 
 # Debian packages used by the tests: the OCI registry and image tools (catalog trust), Chromium (console
-# browser tests), Slurm 22.05 + munge + slurmdbd on MariaDB + PMIx (the Slurm reference controller).
+# browser tests), Slurm 22.05 + munge + slurmdbd on MariaDB + PMIx (the Slurm reference controller). Java 17
+# and Maven (Apache Kafka for make test-kafka / test-faults) come with the machine image.
 APT_PACKAGES := docker-registry skopeo umoci chromium slurm-wlm slurmdbd munge mariadb-server libpmix-dev
 deps-apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
