@@ -48,6 +48,7 @@ class EventConsumer:
         session_timeout_ms: int = 6000,
         heartbeat_interval_ms: int = 1000,
         commit_timeout_s: float = 10.0,
+        stall_check_s: float = 20.0,
         group_id: str | None = None,
     ) -> None:
         self.name = name
@@ -61,6 +62,7 @@ class EventConsumer:
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.commit_timeout_s = commit_timeout_s
+        self.stall_check_s = stall_check_s
         self.consumer: AIOKafkaConsumer | None = None
         self._stopping = asyncio.Event()
 
@@ -104,11 +106,18 @@ class EventConsumer:
 
     async def _loop(self) -> None:
         assert self.consumer is not None
+        loop = asyncio.get_running_loop()
+        last_records = last_check = loop.time()
         while not self._stopping.is_set():
             batch = await self.consumer.getmany(timeout_ms=500, max_records=self.batch_size)
             if not batch:
                 await self._update_lag()
+                now = loop.time()
+                if now - last_records > self.stall_check_s and now - last_check > self.stall_check_s:
+                    last_check = now
+                    await self._check_stalled()
                 continue
+            last_records = loop.time()
             records = [r for msgs in batch.values() for r in msgs]
             try:
                 await self.apply(records)
@@ -127,6 +136,33 @@ class EventConsumer:
                 raise KafkaError(f"offset commit failed: {exc}") from exc
             await self._update_lag()
 
+    async def _check_stalled(self) -> None:
+        """Watchdog: after a broker outage an aiokafka consumer can keep its assignment yet never fetch
+        again (seen on Apache Kafka after a broker restart). If an assigned partition has records past our
+        position while nothing arrived for `stall_check_s`, raise so that run() rejoins with a new consumer.
+        (Tansu under-reports end offsets, which can only hide a stall, never invent one.)"""
+        assert self.consumer is not None
+        assigned = list(self.consumer.assignment())
+        if not assigned:
+            return
+        try:
+            ends = await asyncio.wait_for(self.consumer.end_offsets(assigned), 10)
+        except (TimeoutError, KafkaError) as exc:  # the broker is away: nothing to tell yet
+            log.info("consumer_stall_check_failed", error=str(exc))
+            return
+        behind: dict[str, int | str] = {}
+        for tp in assigned:
+            try:
+                pos = await asyncio.wait_for(self.consumer.position(tp), 10)
+            except TimeoutError:  # the broker answers, yet our position never resolves: wedged
+                behind[f"{tp.topic}/{tp.partition}"] = "position unknown"
+                continue
+            if ends.get(tp, 0) > pos:
+                behind[f"{tp.topic}/{tp.partition}"] = ends[tp] - pos
+        if behind:
+            log.warning("consumer_stalled", behind=behind)
+            raise KafkaError(f"consumer stalled: records waiting on {behind} but none fetched")
+
     async def _update_lag(self) -> None:
         """Lag from the fetch high-water mark (Tansu's end_offsets are wrong)."""
         if self.consumer is None:
@@ -135,7 +171,10 @@ class EventConsumer:
             hw = self.consumer.highwater(tp)
             if hw is None:
                 continue
-            pos = await self.consumer.position(tp)
+            try:  # position() waits for committed offsets: unbounded while the coordinator is away
+                pos = await asyncio.wait_for(self.consumer.position(tp), 2)
+            except TimeoutError:
+                continue
             self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(hw - pos, 0))
 
     async def apply(self, records: Sequence[ConsumerRecord]) -> None:
