@@ -17,7 +17,7 @@ from gpuaas.allocations import domain, service
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import AllocationState, GpuDevice, SshGrantState, VolumeState
 from gpuaas.kit.auth import CurrentPrincipal, Principal
-from gpuaas.kit.iam import require
+from gpuaas.kit.iam import ACTION_EXTENSION, require
 
 router = APIRouter()
 Operator = Annotated[Principal, Depends(require("allocations.host.read"))]
@@ -25,6 +25,11 @@ Operator = Annotated[Principal, Depends(require("allocations.host.read"))]
 
 def _kit(request: Request) -> Any:
     return request.app.state.kit
+
+
+def _action(name: str) -> dict[str, Any]:
+    """The permission action of a route that authorizes in its body (read by the permission-matrix test)."""
+    return {ACTION_EXTENSION: name}
 
 
 # ------------------------------------------------------------------------------------------------- hosts
@@ -59,7 +64,13 @@ class CordonBody(BaseModel):
     reason: str = Field(min_length=1, max_length=500)
 
 
-@router.post("/hosts", response_model=HostEnrolment, status_code=201, tags=["hosts"])
+@router.post(
+    "/hosts",
+    response_model=HostEnrolment,
+    status_code=201,
+    tags=["hosts"],
+    openapi_extra=_action("allocations.host.manage"),
+)
 async def enrol_host(request: Request, body: HostEnrol, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
         state, token = await service.enrol_host(
@@ -73,6 +84,7 @@ async def enrol_host(request: Request, body: HostEnrol, principal: CurrentPrinci
     response_model=HostEnrolment,
     tags=["hosts"],
     description="Issue a new node token (shown once); the previous one stops working.",
+    openapi_extra=_action("allocations.host.manage"),
 )
 async def rotate_node_token(request: Request, host_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -92,7 +104,9 @@ async def get_host(request: Request, host_id: uuid.UUID, _: Operator) -> Any:
         return service.host_state(await service.get_host(session, host_id)).model_dump()
 
 
-@router.post("/hosts/{host_id}/cordon", response_model=Host, tags=["hosts"])
+@router.post(
+    "/hosts/{host_id}/cordon", response_model=Host, tags=["hosts"], openapi_extra=_action("allocations.host.manage")
+)
 async def cordon(request: Request, host_id: uuid.UUID, body: CordonBody, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
         return (await service.cordon_host(session, principal, host_id, reason=body.reason, drain=False)).model_dump()
@@ -103,6 +117,7 @@ async def cordon(request: Request, host_id: uuid.UUID, body: CordonBody, princip
     response_model=Host,
     tags=["hosts"],
     description="Cordon the host and request the release of every allocation on it.",
+    openapi_extra=_action("allocations.host.manage"),
 )
 async def drain(request: Request, host_id: uuid.UUID, body: CordonBody, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -111,7 +126,9 @@ async def drain(request: Request, host_id: uuid.UUID, body: CordonBody, principa
     return state.model_dump()
 
 
-@router.post("/hosts/{host_id}/uncordon", response_model=Host, tags=["hosts"])
+@router.post(
+    "/hosts/{host_id}/uncordon", response_model=Host, tags=["hosts"], openapi_extra=_action("allocations.host.manage")
+)
 async def uncordon(request: Request, host_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
         return (await service.uncordon_host(session, principal, host_id)).model_dump()
@@ -172,7 +189,13 @@ async def view(session: AsyncSession, row: Any) -> dict[str, Any]:
     }
 
 
-@router.post("/projects/{project_id}/allocations", response_model=Allocation, status_code=201, tags=["allocations"])
+@router.post(
+    "/projects/{project_id}/allocations",
+    response_model=Allocation,
+    status_code=201,
+    tags=["allocations"],
+    openapi_extra=_action("allocations.create"),
+)
 async def create_allocation(
     request: Request, project_id: uuid.UUID, body: AllocationCreate, principal: CurrentPrincipal
 ) -> Any:
@@ -194,7 +217,12 @@ async def create_allocation(
     return out
 
 
-@router.get("/projects/{project_id}/allocations", response_model=list[Allocation], tags=["allocations"])
+@router.get(
+    "/projects/{project_id}/allocations",
+    response_model=list[Allocation],
+    tags=["allocations"],
+    openapi_extra=_action("allocations.read"),
+)
 async def list_project_allocations(
     request: Request, project_id: uuid.UUID, principal: CurrentPrincipal, include_released: bool = False
 ) -> Any:
@@ -212,7 +240,12 @@ async def list_allocations(request: Request, principal: CurrentPrincipal, includ
         return [await view(session, r) for r in rows]
 
 
-@router.get("/allocations/{allocation_id}", response_model=Allocation, tags=["allocations"])
+@router.get(
+    "/allocations/{allocation_id}",
+    response_model=Allocation,
+    tags=["allocations"],
+    openapi_extra=_action("allocations.read"),
+)
 async def get_allocation(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
         return await view(session, await service.load_allocation(session, principal, allocation_id, "allocations.read"))
@@ -235,6 +268,7 @@ async def _mutate(request: Request, fn: Any, *args: Any, **kwargs: Any) -> Any:
     tags=["allocations"],
     description="Restart in place (asynchronous): same id, host, endpoint, keys "
     "and volumes; running sessions and processes are interrupted.",
+    openapi_extra=_action("allocations.update"),
 )
 async def restart(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     return await _mutate(request, service.restart_allocation, principal, allocation_id)
@@ -246,6 +280,7 @@ async def restart(request: Request, allocation_id: uuid.UUID, principal: Current
     status_code=202,
     tags=["allocations"],
     description="Resize a gpu_slice on its host (asynchronous).",
+    openapi_extra=_action("allocations.update"),
 )
 async def resize(request: Request, allocation_id: uuid.UUID, body: ResizeBody, principal: CurrentPrincipal) -> Any:
     return await _mutate(request, service.resize_allocation, principal, allocation_id, body.gpu_count)
@@ -257,13 +292,18 @@ async def resize(request: Request, allocation_id: uuid.UUID, body: ResizeBody, p
     status_code=202,
     tags=["allocations"],
     description="Release (asynchronous); billing stops now.",
+    openapi_extra=_action("allocations.release"),
 )
 async def release(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     return await _mutate(request, service.release_allocation, principal, allocation_id, retry=False)
 
 
 @router.post(
-    "/allocations/{allocation_id}/retry-release", response_model=Allocation, status_code=202, tags=["allocations"]
+    "/allocations/{allocation_id}/retry-release",
+    response_model=Allocation,
+    status_code=202,
+    tags=["allocations"],
+    openapi_extra=_action("allocations.release"),
 )
 async def retry_release(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     return await _mutate(request, service.release_allocation, principal, allocation_id, retry=True)
@@ -280,7 +320,12 @@ class TimelineEntry(BaseModel):
     finished_at: datetime | None
 
 
-@router.get("/allocations/{allocation_id}/timeline", response_model=list[TimelineEntry], tags=["allocations"])
+@router.get(
+    "/allocations/{allocation_id}/timeline",
+    response_model=list[TimelineEntry],
+    tags=["allocations"],
+    openapi_extra=_action("allocations.read"),
+)
 async def get_timeline(
     request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal, after: int = Query(0, ge=0)
 ) -> Any:
@@ -294,6 +339,7 @@ async def get_timeline(
     tags=["allocations"],
     description="Server-sent events: every timeline entry (`event: timeline`), then new ones as they "
     "happen. `?access_token=` is accepted for browsers.",
+    openapi_extra=_action("allocations.read"),
 )
 async def stream_timeline(
     request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal, after: int = Query(0, ge=0)
@@ -377,7 +423,12 @@ async def create_grant(
     return service.grant_state(row).model_dump()
 
 
-@router.get("/allocations/{allocation_id}/ssh-grants", response_model=list[SshGrantState], tags=["ssh"])
+@router.get(
+    "/allocations/{allocation_id}/ssh-grants",
+    response_model=list[SshGrantState],
+    tags=["ssh"],
+    openapi_extra=_action("allocations.read"),
+)
 async def list_grants(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
         return [
@@ -419,7 +470,13 @@ class AttachBody(BaseModel):
     volume_id: uuid.UUID
 
 
-@router.post("/projects/{project_id}/volumes", response_model=Volume, status_code=201, tags=["storage"])
+@router.post(
+    "/projects/{project_id}/volumes",
+    response_model=Volume,
+    status_code=201,
+    tags=["storage"],
+    openapi_extra=_action("allocations.volume.manage"),
+)
 async def create_volume(
     request: Request, project_id: uuid.UUID, body: VolumeCreate, principal: CurrentPrincipal
 ) -> Any:
@@ -437,26 +494,39 @@ async def create_volume(
         )
 
 
-@router.get("/projects/{project_id}/volumes", response_model=list[Volume], tags=["storage"])
+@router.get(
+    "/projects/{project_id}/volumes",
+    response_model=list[Volume],
+    tags=["storage"],
+    openapi_extra=_action("allocations.read"),
+)
 async def list_volumes(request: Request, project_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
         return [_volume_view(v) for v in await service.list_volumes(session, principal, project_id)]
 
 
-@router.get("/volumes/{volume_id}", response_model=Volume, tags=["storage"])
+@router.get("/volumes/{volume_id}", response_model=Volume, tags=["storage"], openapi_extra=_action("allocations.read"))
 async def get_volume(request: Request, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
         row = await service.load_volume(session, principal, volume_id, "allocations.read")
         return _volume_view(await service.volume_state(session, row))
 
 
-@router.delete("/volumes/{volume_id}", response_model=Volume, tags=["storage"])
+@router.delete(
+    "/volumes/{volume_id}", response_model=Volume, tags=["storage"], openapi_extra=_action("allocations.volume.manage")
+)
 async def delete_volume(request: Request, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
         return _volume_view(await service.delete_volume(session, principal, volume_id))
 
 
-@router.post("/allocations/{allocation_id}/volumes", response_model=Volume, status_code=201, tags=["storage"])
+@router.post(
+    "/allocations/{allocation_id}/volumes",
+    response_model=Volume,
+    status_code=201,
+    tags=["storage"],
+    openapi_extra=_action("allocations.update"),
+)
 async def attach(request: Request, allocation_id: uuid.UUID, body: AttachBody, principal: CurrentPrincipal) -> Any:
     kit = _kit(request)
     async with kit.sessions() as session, session.begin():
@@ -466,7 +536,12 @@ async def attach(request: Request, allocation_id: uuid.UUID, body: AttachBody, p
     return _volume_view(state)
 
 
-@router.delete("/allocations/{allocation_id}/volumes/{volume_id}", response_model=Volume, tags=["storage"])
+@router.delete(
+    "/allocations/{allocation_id}/volumes/{volume_id}",
+    response_model=Volume,
+    tags=["storage"],
+    openapi_extra=_action("allocations.update"),
+)
 async def detach(request: Request, allocation_id: uuid.UUID, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     kit = _kit(request)
     async with kit.sessions() as session, session.begin():
@@ -489,14 +564,21 @@ class Quota(BaseModel):
     gpus_in_use: int = 0
 
 
-@router.put("/projects/{project_id}/quota", response_model=Quota, tags=["quotas"])
+@router.put(
+    "/projects/{project_id}/quota",
+    response_model=Quota,
+    tags=["quotas"],
+    openapi_extra=_action("allocations.quota.manage"),
+)
 async def set_quota(request: Request, project_id: uuid.UUID, body: QuotaBody, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
         await service.set_quota(session, principal, project_id, body.max_gpus)
         return await service.get_quota(session, principal, project_id)
 
 
-@router.get("/projects/{project_id}/quota", response_model=Quota, tags=["quotas"])
+@router.get(
+    "/projects/{project_id}/quota", response_model=Quota, tags=["quotas"], openapi_extra=_action("allocations.read")
+)
 async def get_quota(request: Request, project_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
         return await service.get_quota(session, principal, project_id)

@@ -263,7 +263,17 @@ def _controller_project(principal: Principal) -> uuid.UUID:
 # ------------------------------------------------------------------------------------------ user API
 
 
-@router.put("/projects/{project_id}/controllers/{app_slug}", response_model=ControllerBindingOut, tags=["controllers"])
+def _action(name: str) -> dict[str, Any]:
+    """The permission action of a route that authorizes in its body (read by the permission-matrix test)."""
+    return {iam.ACTION_EXTENSION: name}
+
+
+@router.put(
+    "/projects/{project_id}/controllers/{app_slug}",
+    response_model=ControllerBindingOut,
+    tags=["controllers"],
+    openapi_extra=_action("apps.instance.manage"),
+)
 async def bind_controller(
     project_id: uuid.UUID, app_slug: str, body: ControllerBinding, principal: CurrentPrincipal, request: Request
 ) -> Any:
@@ -273,7 +283,13 @@ async def bind_controller(
     return dict(row._mapping)
 
 
-@router.post("/projects/{project_id}/instances", response_model=Instance, status_code=201, tags=["instances"])
+@router.post(
+    "/projects/{project_id}/instances",
+    response_model=Instance,
+    status_code=201,
+    tags=["instances"],
+    openapi_extra=_action("apps.instance.deploy"),
+)
 async def deploy(project_id: uuid.UUID, body: DeployRequest, principal: CurrentPrincipal, request: Request) -> Any:
     """Deploy an app: checks entitlement, manifest state, placement, compatibility and the inputs schema."""
     async with kit_of(request).sessions() as session:  # cheap refusal before any key is made
@@ -322,13 +338,20 @@ async def list_instances(
     return {"items": [_instance(r) for r in rows]}
 
 
-@router.get("/instances/{instance_id}", response_model=Instance, tags=["instances"])
+@router.get(
+    "/instances/{instance_id}", response_model=Instance, tags=["instances"], openapi_extra=_action("apps.instance.read")
+)
 async def get_instance(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session:
         return _instance(await service.readable_instance(session, principal, instance_id))
 
 
-@router.get("/instances/{instance_id}/members", response_model=Page[Member], tags=["instances"])
+@router.get(
+    "/instances/{instance_id}/members",
+    response_model=Page[Member],
+    tags=["instances"],
+    openapi_extra=_action("apps.instance.read"),
+)
 async def list_members(
     instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request, include_tombstones: bool = False
 ) -> Any:
@@ -341,7 +364,12 @@ async def list_members(
     return {"items": [_member(r) for r in rows]}
 
 
-@router.get("/instances/{instance_id}/operations", response_model=Page[Operation], tags=["operations"])
+@router.get(
+    "/instances/{instance_id}/operations",
+    response_model=Page[Operation],
+    tags=["operations"],
+    openapi_extra=_action("apps.instance.read"),
+)
 async def list_operations(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session:
         await service.readable_instance(session, principal, instance_id)
@@ -371,7 +399,12 @@ async def request_operation(
     return _op(row)
 
 
-@router.get("/instances/{instance_id}/events", response_model=Page[TimelineEntry], tags=["timeline"])
+@router.get(
+    "/instances/{instance_id}/events",
+    response_model=Page[TimelineEntry],
+    tags=["timeline"],
+    openapi_extra=_action("apps.instance.read"),
+)
 async def timeline(
     instance_id: uuid.UUID,
     principal: CurrentPrincipal,
@@ -398,7 +431,7 @@ async def _timeline_rows(session: Any, instance_id: uuid.UUID, after: int, limit
     )
 
 
-@router.get("/instances/{instance_id}/events/stream", tags=["timeline"])
+@router.get("/instances/{instance_id}/events/stream", tags=["timeline"], openapi_extra=_action("apps.instance.read"))
 async def timeline_stream(
     instance_id: uuid.UUID,
     request: Request,
@@ -430,19 +463,34 @@ async def timeline_stream(
     return EventSourceResponse(events(), ping=10, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-@router.post("/instances/{instance_id}/stop", response_model=Instance, tags=["instances"])
+@router.post(
+    "/instances/{instance_id}/stop",
+    response_model=Instance,
+    tags=["instances"],
+    openapi_extra=_action("apps.instance.manage"),
+)
 async def stop(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
         return _instance(await service.stop(session, principal, instance_id))
 
 
-@router.post("/instances/{instance_id}/start", response_model=Instance, tags=["instances"])
+@router.post(
+    "/instances/{instance_id}/start",
+    response_model=Instance,
+    tags=["instances"],
+    openapi_extra=_action("apps.instance.manage"),
+)
 async def start(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
         return _instance(await service.start(session, principal, instance_id))
 
 
-@router.post("/instances/{instance_id}/decommission", response_model=Instance, tags=["instances"])
+@router.post(
+    "/instances/{instance_id}/decommission",
+    response_model=Instance,
+    tags=["instances"],
+    openapi_extra=_action("apps.instance.manage"),
+)
 async def decommission(instance_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
     """Tear down every member; `decommissioned` only after the controller verifies each teardown.
     Also retries a `decommission_failed` instance."""
@@ -450,7 +498,12 @@ async def decommission(instance_id: uuid.UUID, body: Reason, principal: CurrentP
         return _instance(await service.decommission(session, principal, instance_id, body.reason))
 
 
-@router.post("/instances/{instance_id}/decommission/force", response_model=Instance, tags=["instances"])
+@router.post(
+    "/instances/{instance_id}/decommission/force",
+    response_model=Instance,
+    tags=["instances"],
+    openapi_extra=_action("apps.instance.manage"),
+)
 async def force_decommission(
     instance_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request
 ) -> Any:
@@ -459,19 +512,34 @@ async def force_decommission(
         return _instance(await service.force_decommission(session, principal, instance_id, body.reason))
 
 
-@router.post("/instances/{instance_id}/upgrade", response_model=Instance, tags=["instances"])
+@router.post(
+    "/instances/{instance_id}/upgrade",
+    response_model=Instance,
+    tags=["instances"],
+    openapi_extra=_action("apps.instance.manage"),
+)
 async def upgrade(instance_id: uuid.UUID, body: VersionChange, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
         return _instance(await service.upgrade(session, principal, instance_id, body.app_version))
 
 
-@router.post("/instances/{instance_id}/rollback", response_model=Instance, tags=["instances"])
+@router.post(
+    "/instances/{instance_id}/rollback",
+    response_model=Instance,
+    tags=["instances"],
+    openapi_extra=_action("apps.instance.manage"),
+)
 async def rollback(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
         return _instance(await service.upgrade(session, principal, instance_id, None, rollback=True))
 
 
-@router.get("/instances/{instance_id}/credential", response_model=CredentialPublic, tags=["credentials"])
+@router.get(
+    "/instances/{instance_id}/credential",
+    response_model=CredentialPublic,
+    tags=["credentials"],
+    openapi_extra=_action("apps.instance.read"),
+)
 async def credential_public(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session:
         await service.readable_instance(session, principal, instance_id)
@@ -485,7 +553,12 @@ async def credential_public(instance_id: uuid.UUID, principal: CurrentPrincipal,
     return _cred(row)
 
 
-@router.post("/instances/{instance_id}/credential/rotate", response_model=CredentialPublic, tags=["credentials"])
+@router.post(
+    "/instances/{instance_id}/credential/rotate",
+    response_model=CredentialPublic,
+    tags=["credentials"],
+    openapi_extra=_action("apps.credential.rotate"),
+)
 async def rotate_credential(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session:
         await service.authorized_instance(session, principal, instance_id, "apps.credential.rotate", lock=False)
@@ -497,19 +570,34 @@ async def rotate_credential(instance_id: uuid.UUID, principal: CurrentPrincipal,
     return _cred(row)
 
 
-@router.post("/operations/{operation_id}/retry", response_model=Operation, tags=["operations"])
+@router.post(
+    "/operations/{operation_id}/retry",
+    response_model=Operation,
+    tags=["operations"],
+    openapi_extra=_action("apps.operation.manage"),
+)
 async def retry_operation(operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
         return _op(await service.retry_operation(session, principal, operation_id, body.reason))
 
 
-@router.post("/operations/{operation_id}/cancel", response_model=Operation, tags=["operations"])
+@router.post(
+    "/operations/{operation_id}/cancel",
+    response_model=Operation,
+    tags=["operations"],
+    openapi_extra=_action("apps.operation.manage"),
+)
 async def cancel_operation(operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
         return _op(await service.cancel_operation(session, principal, operation_id, body.reason))
 
 
-@router.post("/operations/{operation_id}/force-fail", response_model=Operation, tags=["operations"])
+@router.post(
+    "/operations/{operation_id}/force-fail",
+    response_model=Operation,
+    tags=["operations"],
+    openapi_extra=_action("apps.operation.manage"),
+)
 async def force_fail_operation(
     operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request
 ) -> Any:

@@ -192,6 +192,11 @@ def _if_match(value: str | None) -> int | None:
         raise Unprocessable('If-Match must carry the resource version, e.g. "3"', code="if_match_invalid") from None
 
 
+def _action(name: str) -> dict[str, Any]:
+    """The permission action of a route that authorizes in its body (read by the permission-matrix test)."""
+    return {iam.ACTION_EXTENSION: name}
+
+
 async def _authorized(request: Request, principal: Principal, action: str) -> None:
     async with _kit(request).sessions() as session:
         await iam.authorize(session, principal, action)
@@ -219,7 +224,13 @@ OperatorRead = Annotated[Principal, Depends(require("catalog.artifact.read"))]
 # ------------------------------------------------------------------------------------- artifacts
 
 
-@router.post("/artifacts", response_model=Artifact, status_code=201, tags=["artifacts"])
+@router.post(
+    "/artifacts",
+    response_model=Artifact,
+    status_code=201,
+    tags=["artifacts"],
+    openapi_extra=_action("catalog.artifact.register"),
+)
 async def register_artifact(request: Request, body: ArtifactRegister, principal: CurrentPrincipal) -> Any:
     """Register a digest after verifying it against the registry: the manifest and every blob it names
     are downloaded and hashed; a wrong digest, a missing manifest or altered content is refused.
@@ -285,7 +296,12 @@ async def artifact_history(request: Request, artifact_id: uuid.UUID, _: Operator
         return await service.artifact_history(session, artifact_id)
 
 
-@router.post("/artifacts/{artifact_id}/checks", response_model=Artifact, tags=["artifacts"])
+@router.post(
+    "/artifacts/{artifact_id}/checks",
+    response_model=Artifact,
+    tags=["artifacts"],
+    openapi_extra=_action("catalog.artifact.promote"),
+)
 async def record_check(request: Request, artifact_id: uuid.UUID, body: CheckRecord, principal: CurrentPrincipal) -> Any:
     """Record a lint or smoke result (staging needs both passing)."""
     async with _kit(request).sessions() as session, session.begin():
@@ -294,7 +310,12 @@ async def record_check(request: Request, artifact_id: uuid.UUID, body: CheckReco
         )
 
 
-@router.post("/artifacts/{artifact_id}/verify", response_model=Verification, tags=["artifacts"])
+@router.post(
+    "/artifacts/{artifact_id}/verify",
+    response_model=Verification,
+    tags=["artifacts"],
+    openapi_extra=_action("catalog.artifact.promote"),
+)
 async def reverify(request: Request, artifact_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     """Verify the stored digest against the registry now; the result is recorded as the `content` check."""
     await _authorized(request, principal, "catalog.artifact.promote")
@@ -321,7 +342,12 @@ async def _content_check(request: Request, art: dict[str, Any]) -> tuple[bool, s
     return True, None, "re-verified: " + "; ".join(verified.detail)
 
 
-@router.post("/artifacts/{artifact_id}/transitions", response_model=Artifact, tags=["artifacts"])
+@router.post(
+    "/artifacts/{artifact_id}/transitions",
+    response_model=Artifact,
+    tags=["artifacts"],
+    openapi_extra=_action("catalog.artifact.promote"),
+)
 async def transition_artifact(
     request: Request,
     artifact_id: uuid.UUID,
@@ -376,7 +402,9 @@ async def launchable_profile_schema(_: CurrentPrincipal) -> dict[str, Any]:
     return domain.LAUNCHABLE_PROFILE_SCHEMA
 
 
-@router.post("/apps", response_model=Manifest, status_code=201, tags=["apps"])
+@router.post(
+    "/apps", response_model=Manifest, status_code=201, tags=["apps"], openapi_extra=_action("catalog.app.register")
+)
 async def register_app(request: Request, principal: CurrentPrincipal, body: Annotated[dict[str, Any], Body()]) -> Any:
     """Register an app manifest version (validated against `GET /schemas/manifest`; a launchable app's
     `runtime_profile` against `GET /schemas/launchable-profile`). `artifact_ref` must be a registered
@@ -437,7 +465,12 @@ async def _manifest_change(request: Request, manifest_id: uuid.UUID, fn: Any) ->
     return {**view, "artifact_state": await _artifact_state(request, view["artifact_id"])}
 
 
-@router.post("/manifests/{manifest_id}/activate", response_model=Manifest, tags=["apps"])
+@router.post(
+    "/manifests/{manifest_id}/activate",
+    response_model=Manifest,
+    tags=["apps"],
+    openapi_extra=_action("catalog.app.register"),
+)
 async def activate(
     request: Request,
     manifest_id: uuid.UUID,
@@ -456,7 +489,12 @@ async def activate(
     )
 
 
-@router.post("/manifests/{manifest_id}/deactivate", response_model=Manifest, tags=["apps"])
+@router.post(
+    "/manifests/{manifest_id}/deactivate",
+    response_model=Manifest,
+    tags=["apps"],
+    openapi_extra=_action("catalog.app.register"),
+)
 async def deactivate(
     request: Request,
     manifest_id: uuid.UUID,
@@ -474,7 +512,12 @@ async def deactivate(
     )
 
 
-@router.post("/manifests/{manifest_id}/deprecate", response_model=Manifest, tags=["apps"])
+@router.post(
+    "/manifests/{manifest_id}/deprecate",
+    response_model=Manifest,
+    tags=["apps"],
+    openapi_extra=_action("catalog.app.register"),
+)
 async def deprecate(request: Request, manifest_id: uuid.UUID, body: RequiredReason, principal: CurrentPrincipal) -> Any:
     """Existing instances continue; no new instance may use this version."""
     return await _manifest_change(
@@ -505,13 +548,24 @@ async def compatibility(request: Request, slug: str, body: CompatibilityQuery, p
 # ---------------------------------------------------------------------------------- entitlements
 
 
-@router.post("/entitlements", response_model=Entitlement, status_code=201, tags=["entitlements"])
+@router.post(
+    "/entitlements",
+    response_model=Entitlement,
+    status_code=201,
+    tags=["entitlements"],
+    openapi_extra=_action("catalog.entitlement.manage"),
+)
 async def grant(request: Request, body: EntitlementGrant, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
         return await service.grant_entitlement(session, principal, tenant_id=body.tenant_id, app_slug=body.app_slug)
 
 
-@router.post("/entitlements/{entitlement_id}/revoke", response_model=Entitlement, tags=["entitlements"])
+@router.post(
+    "/entitlements/{entitlement_id}/revoke",
+    response_model=Entitlement,
+    tags=["entitlements"],
+    openapi_extra=_action("catalog.entitlement.manage"),
+)
 async def revoke(
     request: Request, entitlement_id: uuid.UUID, principal: CurrentPrincipal, body: Reason | None = None
 ) -> Any:
@@ -547,7 +601,7 @@ async def snapshot(
 # ------------------------------------------------------------------------------------------- seed
 
 
-@router.post("/admin/seed", tags=["admin"])
+@router.post("/admin/seed", tags=["admin"], openapi_extra=_action("catalog.app.register"))
 async def seed_catalog(request: Request, body: SeedRequest, principal: CurrentPrincipal) -> Any:
     """Operator: push the seed apps' placeholder artifacts to `registry` and register, verify, promote
     and entitle them (slurm-reference, jupyter, vllm, rke2-self-managed). Idempotent."""
