@@ -124,11 +124,13 @@ async def test_replayed_and_redelivered_lifecycle_events_never_add_usage(h, mete
 
 async def test_resize_splits_usage_at_the_change(h, metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = metering
-    activated = now() - timedelta(minutes=50)
+    # The whole story lies within the window closer's settle horizon (120 s), so no hourly window can be
+    # closed between the activation and the resize being applied, whatever the wall clock says.
+    activated = now() - timedelta(seconds=100)
     e1, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=2)
-    changed = activated + timedelta(minutes=20)
+    changed = activated + timedelta(seconds=40)
     e2, a = h.allocation(al.AllocationResized, a, gpu_count=4, status_changed_at=changed)
-    stop = activated + timedelta(minutes=45)
+    stop = activated + timedelta(seconds=80)
     e3, a = h.allocation(
         al.AllocationReleaseRequested,
         a,
@@ -139,7 +141,7 @@ async def test_resize_splits_usage_at_the_change(h, metering, infra, auth) -> No
     await h.publish(infra.kafka_bootstrap, [e1, e2, e3])
     await wait_for(lambda: _closed(kit, a.allocation_id), 30, "meter closed")
     _, seconds = await usage(kit, a.allocation_id)
-    assert seconds == Decimal(2 * 20 * 60 + 4 * 25 * 60)
+    assert seconds == Decimal(2 * 40 + 4 * 40)
     r = await client.get(f"/meters/{a.allocation_id}/usage", headers=auth(w["viewer"]))
     assert r.status_code == 200
     counts = [u["gpu_count"] for u in r.json()]
