@@ -258,6 +258,13 @@ def require(action: str) -> Callable[[Request], Coroutine[Any, Any, Principal]]:
 ACTION_EXTENSION = "x-gpuaas-action"
 
 
+def action_doc(action: str) -> dict[str, Any]:
+    """`openapi_extra` for a route that authorizes `action` in its body rather than with `require()`:
+    publishes the action in the OpenAPI (read by the permission-matrix test)."""
+    roles_allowed(action)  # fail at import for an action the table does not know
+    return {ACTION_EXTENSION: action}
+
+
 def route_actions(router: Any) -> None:
     """Publish each route's permission action in its OpenAPI operation (`x-gpuaas-action`), taken from
     its `require(action)` dependency unless the route already declares one. The permission-matrix test

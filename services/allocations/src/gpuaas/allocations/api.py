@@ -17,7 +17,7 @@ from gpuaas.allocations import domain, service
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import AllocationState, GpuDevice, SshGrantState, VolumeState
 from gpuaas.kit.auth import CurrentPrincipal, Principal
-from gpuaas.kit.iam import ACTION_EXTENSION, require
+from gpuaas.kit.iam import action_doc, require
 
 router = APIRouter()
 Operator = Annotated[Principal, Depends(require("allocations.host.read"))]
@@ -25,11 +25,6 @@ Operator = Annotated[Principal, Depends(require("allocations.host.read"))]
 
 def _kit(request: Request) -> Any:
     return request.app.state.kit
-
-
-def _action(name: str) -> dict[str, Any]:
-    """The permission action of a route that authorizes in its body (read by the permission-matrix test)."""
-    return {ACTION_EXTENSION: name}
 
 
 # ------------------------------------------------------------------------------------------------- hosts
@@ -69,7 +64,7 @@ class CordonBody(BaseModel):
     response_model=HostEnrolment,
     status_code=201,
     tags=["hosts"],
-    openapi_extra=_action("allocations.host.manage"),
+    openapi_extra=action_doc("allocations.host.manage"),
 )
 async def enrol_host(request: Request, body: HostEnrol, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -84,7 +79,7 @@ async def enrol_host(request: Request, body: HostEnrol, principal: CurrentPrinci
     response_model=HostEnrolment,
     tags=["hosts"],
     description="Issue a new node token (shown once); the previous one stops working.",
-    openapi_extra=_action("allocations.host.manage"),
+    openapi_extra=action_doc("allocations.host.manage"),
 )
 async def rotate_node_token(request: Request, host_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -105,7 +100,7 @@ async def get_host(request: Request, host_id: uuid.UUID, _: Operator) -> Any:
 
 
 @router.post(
-    "/hosts/{host_id}/cordon", response_model=Host, tags=["hosts"], openapi_extra=_action("allocations.host.manage")
+    "/hosts/{host_id}/cordon", response_model=Host, tags=["hosts"], openapi_extra=action_doc("allocations.host.manage")
 )
 async def cordon(request: Request, host_id: uuid.UUID, body: CordonBody, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -117,7 +112,7 @@ async def cordon(request: Request, host_id: uuid.UUID, body: CordonBody, princip
     response_model=Host,
     tags=["hosts"],
     description="Cordon the host and request the release of every allocation on it.",
-    openapi_extra=_action("allocations.host.manage"),
+    openapi_extra=action_doc("allocations.host.manage"),
 )
 async def drain(request: Request, host_id: uuid.UUID, body: CordonBody, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -127,7 +122,10 @@ async def drain(request: Request, host_id: uuid.UUID, body: CordonBody, principa
 
 
 @router.post(
-    "/hosts/{host_id}/uncordon", response_model=Host, tags=["hosts"], openapi_extra=_action("allocations.host.manage")
+    "/hosts/{host_id}/uncordon",
+    response_model=Host,
+    tags=["hosts"],
+    openapi_extra=action_doc("allocations.host.manage"),
 )
 async def uncordon(request: Request, host_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -194,7 +192,7 @@ async def view(session: AsyncSession, row: Any) -> dict[str, Any]:
     response_model=Allocation,
     status_code=201,
     tags=["allocations"],
-    openapi_extra=_action("allocations.create"),
+    openapi_extra=action_doc("allocations.create"),
 )
 async def create_allocation(
     request: Request, project_id: uuid.UUID, body: AllocationCreate, principal: CurrentPrincipal
@@ -221,7 +219,7 @@ async def create_allocation(
     "/projects/{project_id}/allocations",
     response_model=list[Allocation],
     tags=["allocations"],
-    openapi_extra=_action("allocations.read"),
+    openapi_extra=action_doc("allocations.read"),
 )
 async def list_project_allocations(
     request: Request, project_id: uuid.UUID, principal: CurrentPrincipal, include_released: bool = False
@@ -244,7 +242,7 @@ async def list_allocations(request: Request, principal: CurrentPrincipal, includ
     "/allocations/{allocation_id}",
     response_model=Allocation,
     tags=["allocations"],
-    openapi_extra=_action("allocations.read"),
+    openapi_extra=action_doc("allocations.read"),
 )
 async def get_allocation(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
@@ -268,7 +266,7 @@ async def _mutate(request: Request, fn: Any, *args: Any, **kwargs: Any) -> Any:
     tags=["allocations"],
     description="Restart in place (asynchronous): same id, host, endpoint, keys "
     "and volumes; running sessions and processes are interrupted.",
-    openapi_extra=_action("allocations.update"),
+    openapi_extra=action_doc("allocations.update"),
 )
 async def restart(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     return await _mutate(request, service.restart_allocation, principal, allocation_id)
@@ -280,7 +278,7 @@ async def restart(request: Request, allocation_id: uuid.UUID, principal: Current
     status_code=202,
     tags=["allocations"],
     description="Resize a gpu_slice on its host (asynchronous).",
-    openapi_extra=_action("allocations.update"),
+    openapi_extra=action_doc("allocations.update"),
 )
 async def resize(request: Request, allocation_id: uuid.UUID, body: ResizeBody, principal: CurrentPrincipal) -> Any:
     return await _mutate(request, service.resize_allocation, principal, allocation_id, body.gpu_count)
@@ -292,7 +290,7 @@ async def resize(request: Request, allocation_id: uuid.UUID, body: ResizeBody, p
     status_code=202,
     tags=["allocations"],
     description="Release (asynchronous); billing stops now.",
-    openapi_extra=_action("allocations.release"),
+    openapi_extra=action_doc("allocations.release"),
 )
 async def release(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     return await _mutate(request, service.release_allocation, principal, allocation_id, retry=False)
@@ -303,7 +301,7 @@ async def release(request: Request, allocation_id: uuid.UUID, principal: Current
     response_model=Allocation,
     status_code=202,
     tags=["allocations"],
-    openapi_extra=_action("allocations.release"),
+    openapi_extra=action_doc("allocations.release"),
 )
 async def retry_release(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     return await _mutate(request, service.release_allocation, principal, allocation_id, retry=True)
@@ -324,7 +322,7 @@ class TimelineEntry(BaseModel):
     "/allocations/{allocation_id}/timeline",
     response_model=list[TimelineEntry],
     tags=["allocations"],
-    openapi_extra=_action("allocations.read"),
+    openapi_extra=action_doc("allocations.read"),
 )
 async def get_timeline(
     request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal, after: int = Query(0, ge=0)
@@ -339,7 +337,7 @@ async def get_timeline(
     tags=["allocations"],
     description="Server-sent events: every timeline entry (`event: timeline`), then new ones as they "
     "happen. `?access_token=` is accepted for browsers.",
-    openapi_extra=_action("allocations.read"),
+    openapi_extra=action_doc("allocations.read"),
 )
 async def stream_timeline(
     request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal, after: int = Query(0, ge=0)
@@ -427,7 +425,7 @@ async def create_grant(
     "/allocations/{allocation_id}/ssh-grants",
     response_model=list[SshGrantState],
     tags=["ssh"],
-    openapi_extra=_action("allocations.read"),
+    openapi_extra=action_doc("allocations.read"),
 )
 async def list_grants(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
@@ -475,7 +473,7 @@ class AttachBody(BaseModel):
     response_model=Volume,
     status_code=201,
     tags=["storage"],
-    openapi_extra=_action("allocations.volume.manage"),
+    openapi_extra=action_doc("allocations.volume.manage"),
 )
 async def create_volume(
     request: Request, project_id: uuid.UUID, body: VolumeCreate, principal: CurrentPrincipal
@@ -498,14 +496,16 @@ async def create_volume(
     "/projects/{project_id}/volumes",
     response_model=list[Volume],
     tags=["storage"],
-    openapi_extra=_action("allocations.read"),
+    openapi_extra=action_doc("allocations.read"),
 )
 async def list_volumes(request: Request, project_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
         return [_volume_view(v) for v in await service.list_volumes(session, principal, project_id)]
 
 
-@router.get("/volumes/{volume_id}", response_model=Volume, tags=["storage"], openapi_extra=_action("allocations.read"))
+@router.get(
+    "/volumes/{volume_id}", response_model=Volume, tags=["storage"], openapi_extra=action_doc("allocations.read")
+)
 async def get_volume(request: Request, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
         row = await service.load_volume(session, principal, volume_id, "allocations.read")
@@ -513,7 +513,10 @@ async def get_volume(request: Request, volume_id: uuid.UUID, principal: CurrentP
 
 
 @router.delete(
-    "/volumes/{volume_id}", response_model=Volume, tags=["storage"], openapi_extra=_action("allocations.volume.manage")
+    "/volumes/{volume_id}",
+    response_model=Volume,
+    tags=["storage"],
+    openapi_extra=action_doc("allocations.volume.manage"),
 )
 async def delete_volume(request: Request, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -525,7 +528,7 @@ async def delete_volume(request: Request, volume_id: uuid.UUID, principal: Curre
     response_model=Volume,
     status_code=201,
     tags=["storage"],
-    openapi_extra=_action("allocations.update"),
+    openapi_extra=action_doc("allocations.update"),
 )
 async def attach(request: Request, allocation_id: uuid.UUID, body: AttachBody, principal: CurrentPrincipal) -> Any:
     kit = _kit(request)
@@ -540,7 +543,7 @@ async def attach(request: Request, allocation_id: uuid.UUID, body: AttachBody, p
     "/allocations/{allocation_id}/volumes/{volume_id}",
     response_model=Volume,
     tags=["storage"],
-    openapi_extra=_action("allocations.update"),
+    openapi_extra=action_doc("allocations.update"),
 )
 async def detach(request: Request, allocation_id: uuid.UUID, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     kit = _kit(request)
@@ -568,7 +571,7 @@ class Quota(BaseModel):
     "/projects/{project_id}/quota",
     response_model=Quota,
     tags=["quotas"],
-    openapi_extra=_action("allocations.quota.manage"),
+    openapi_extra=action_doc("allocations.quota.manage"),
 )
 async def set_quota(request: Request, project_id: uuid.UUID, body: QuotaBody, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -577,7 +580,7 @@ async def set_quota(request: Request, project_id: uuid.UUID, body: QuotaBody, pr
 
 
 @router.get(
-    "/projects/{project_id}/quota", response_model=Quota, tags=["quotas"], openapi_extra=_action("allocations.read")
+    "/projects/{project_id}/quota", response_model=Quota, tags=["quotas"], openapi_extra=action_doc("allocations.read")
 )
 async def get_quota(request: Request, project_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:

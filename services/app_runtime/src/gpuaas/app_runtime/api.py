@@ -263,16 +263,11 @@ def _controller_project(principal: Principal) -> uuid.UUID:
 # ------------------------------------------------------------------------------------------ user API
 
 
-def _action(name: str) -> dict[str, Any]:
-    """The permission action of a route that authorizes in its body (read by the permission-matrix test)."""
-    return {iam.ACTION_EXTENSION: name}
-
-
 @router.put(
     "/projects/{project_id}/controllers/{app_slug}",
     response_model=ControllerBindingOut,
     tags=["controllers"],
-    openapi_extra=_action("apps.instance.manage"),
+    openapi_extra=iam.action_doc("apps.instance.manage"),
 )
 async def bind_controller(
     project_id: uuid.UUID, app_slug: str, body: ControllerBinding, principal: CurrentPrincipal, request: Request
@@ -288,7 +283,7 @@ async def bind_controller(
     response_model=Instance,
     status_code=201,
     tags=["instances"],
-    openapi_extra=_action("apps.instance.deploy"),
+    openapi_extra=iam.action_doc("apps.instance.deploy"),
 )
 async def deploy(project_id: uuid.UUID, body: DeployRequest, principal: CurrentPrincipal, request: Request) -> Any:
     """Deploy an app: checks entitlement, manifest state, placement, compatibility and the inputs schema."""
@@ -339,7 +334,10 @@ async def list_instances(
 
 
 @router.get(
-    "/instances/{instance_id}", response_model=Instance, tags=["instances"], openapi_extra=_action("apps.instance.read")
+    "/instances/{instance_id}",
+    response_model=Instance,
+    tags=["instances"],
+    openapi_extra=iam.action_doc("apps.instance.read"),
 )
 async def get_instance(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session:
@@ -350,7 +348,7 @@ async def get_instance(instance_id: uuid.UUID, principal: CurrentPrincipal, requ
     "/instances/{instance_id}/members",
     response_model=Page[Member],
     tags=["instances"],
-    openapi_extra=_action("apps.instance.read"),
+    openapi_extra=iam.action_doc("apps.instance.read"),
 )
 async def list_members(
     instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request, include_tombstones: bool = False
@@ -368,7 +366,7 @@ async def list_members(
     "/instances/{instance_id}/operations",
     response_model=Page[Operation],
     tags=["operations"],
-    openapi_extra=_action("apps.instance.read"),
+    openapi_extra=iam.action_doc("apps.instance.read"),
 )
 async def list_operations(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session:
@@ -403,7 +401,7 @@ async def request_operation(
     "/instances/{instance_id}/events",
     response_model=Page[TimelineEntry],
     tags=["timeline"],
-    openapi_extra=_action("apps.instance.read"),
+    openapi_extra=iam.action_doc("apps.instance.read"),
 )
 async def timeline(
     instance_id: uuid.UUID,
@@ -431,7 +429,9 @@ async def _timeline_rows(session: Any, instance_id: uuid.UUID, after: int, limit
     )
 
 
-@router.get("/instances/{instance_id}/events/stream", tags=["timeline"], openapi_extra=_action("apps.instance.read"))
+@router.get(
+    "/instances/{instance_id}/events/stream", tags=["timeline"], openapi_extra=iam.action_doc("apps.instance.read")
+)
 async def timeline_stream(
     instance_id: uuid.UUID,
     request: Request,
@@ -467,7 +467,7 @@ async def timeline_stream(
     "/instances/{instance_id}/stop",
     response_model=Instance,
     tags=["instances"],
-    openapi_extra=_action("apps.instance.manage"),
+    openapi_extra=iam.action_doc("apps.instance.manage"),
 )
 async def stop(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
@@ -478,7 +478,7 @@ async def stop(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Req
     "/instances/{instance_id}/start",
     response_model=Instance,
     tags=["instances"],
-    openapi_extra=_action("apps.instance.manage"),
+    openapi_extra=iam.action_doc("apps.instance.manage"),
 )
 async def start(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
@@ -489,7 +489,7 @@ async def start(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Re
     "/instances/{instance_id}/decommission",
     response_model=Instance,
     tags=["instances"],
-    openapi_extra=_action("apps.instance.manage"),
+    openapi_extra=iam.action_doc("apps.instance.manage"),
 )
 async def decommission(instance_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
     """Tear down every member; `decommissioned` only after the controller verifies each teardown.
@@ -502,7 +502,7 @@ async def decommission(instance_id: uuid.UUID, body: Reason, principal: CurrentP
     "/instances/{instance_id}/decommission/force",
     response_model=Instance,
     tags=["instances"],
-    openapi_extra=_action("apps.instance.manage"),
+    openapi_extra=iam.action_doc("apps.instance.manage"),
 )
 async def force_decommission(
     instance_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request
@@ -516,7 +516,7 @@ async def force_decommission(
     "/instances/{instance_id}/upgrade",
     response_model=Instance,
     tags=["instances"],
-    openapi_extra=_action("apps.instance.manage"),
+    openapi_extra=iam.action_doc("apps.instance.manage"),
 )
 async def upgrade(instance_id: uuid.UUID, body: VersionChange, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
@@ -527,7 +527,7 @@ async def upgrade(instance_id: uuid.UUID, body: VersionChange, principal: Curren
     "/instances/{instance_id}/rollback",
     response_model=Instance,
     tags=["instances"],
-    openapi_extra=_action("apps.instance.manage"),
+    openapi_extra=iam.action_doc("apps.instance.manage"),
 )
 async def rollback(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
@@ -538,7 +538,7 @@ async def rollback(instance_id: uuid.UUID, principal: CurrentPrincipal, request:
     "/instances/{instance_id}/credential",
     response_model=CredentialPublic,
     tags=["credentials"],
-    openapi_extra=_action("apps.instance.read"),
+    openapi_extra=iam.action_doc("apps.instance.read"),
 )
 async def credential_public(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session:
@@ -557,7 +557,7 @@ async def credential_public(instance_id: uuid.UUID, principal: CurrentPrincipal,
     "/instances/{instance_id}/credential/rotate",
     response_model=CredentialPublic,
     tags=["credentials"],
-    openapi_extra=_action("apps.credential.rotate"),
+    openapi_extra=iam.action_doc("apps.credential.rotate"),
 )
 async def rotate_credential(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session:
@@ -574,7 +574,7 @@ async def rotate_credential(instance_id: uuid.UUID, principal: CurrentPrincipal,
     "/operations/{operation_id}/retry",
     response_model=Operation,
     tags=["operations"],
-    openapi_extra=_action("apps.operation.manage"),
+    openapi_extra=iam.action_doc("apps.operation.manage"),
 )
 async def retry_operation(operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
@@ -585,7 +585,7 @@ async def retry_operation(operation_id: uuid.UUID, body: Reason, principal: Curr
     "/operations/{operation_id}/cancel",
     response_model=Operation,
     tags=["operations"],
-    openapi_extra=_action("apps.operation.manage"),
+    openapi_extra=iam.action_doc("apps.operation.manage"),
 )
 async def cancel_operation(operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
     async with kit_of(request).sessions() as session, session.begin():
@@ -596,7 +596,7 @@ async def cancel_operation(operation_id: uuid.UUID, body: Reason, principal: Cur
     "/operations/{operation_id}/force-fail",
     response_model=Operation,
     tags=["operations"],
-    openapi_extra=_action("apps.operation.manage"),
+    openapi_extra=iam.action_doc("apps.operation.manage"),
 )
 async def force_fail_operation(
     operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request

@@ -24,11 +24,6 @@ CURRENCY = r"^[A-Z]{3}$"
 PERIOD = r"^\d{4}-(0[1-9]|1[0-2])$"
 
 
-def _action(name: str) -> dict[str, Any]:
-    """The permission action of a route that authorizes in its body (read by the permission-matrix test)."""
-    return {"x-gpuaas-action": name}
-
-
 class PriceCreate(BaseModel):
     unit: PriceUnit
     unit_price: Decimal = Field(ge=0, max_digits=24, decimal_places=9, allow_inf_nan=False)
@@ -168,7 +163,11 @@ def _period(period: str | None) -> datetime:
 
 
 @router.post(
-    "/prices", response_model=Price, status_code=201, tags=["prices"], openapi_extra=_action("billing.price.manage")
+    "/prices",
+    response_model=Price,
+    status_code=201,
+    tags=["prices"],
+    openapi_extra=iam.action_doc("billing.price.manage"),
 )
 async def create_price(body: PriceCreate, request: Request, principal: CurrentPrincipal) -> Any:
     """Publish a price (operators). GPU time: `unit=gpu_hour` with `gpu_model` and `shape`; app usage:
@@ -205,7 +204,7 @@ async def list_prices(
 # ------------------------------------------------------------------------------------------- costs
 
 
-@router.get("/costs", response_model=Costs, tags=["costs"], openapi_extra=_action("billing.read"))
+@router.get("/costs", response_model=Costs, tags=["costs"], openapi_extra=iam.action_doc("billing.read"))
 async def costs(
     request: Request,
     principal: CurrentPrincipal,
@@ -256,7 +255,7 @@ async def costs(
     "/costs/breakdown",
     response_model=list[BreakdownRow],
     tags=["costs"],
-    openapi_extra=_action("billing.breakdown.read"),
+    openapi_extra=iam.action_doc("billing.breakdown.read"),
 )
 async def breakdown(
     request: Request,
@@ -310,7 +309,7 @@ async def breakdown(
     ]
 
 
-@router.get("/charges", response_model=list[Charge], tags=["costs"], openapi_extra=_action("billing.read"))
+@router.get("/charges", response_model=list[Charge], tags=["costs"], openapi_extra=iam.action_doc("billing.read"))
 async def list_charges(
     request: Request,
     principal: CurrentPrincipal,
@@ -334,7 +333,9 @@ async def list_charges(
         return [r._mapping for r in (await session.execute(q)).all()]
 
 
-@router.get("/ledger/balance", response_model=LedgerBalance, tags=["ledger"], openapi_extra=_action("platform.admin"))
+@router.get(
+    "/ledger/balance", response_model=LedgerBalance, tags=["ledger"], openapi_extra=iam.action_doc("platform.admin")
+)
 async def ledger_balance(request: Request, principal: CurrentPrincipal) -> Any:
     """Operators: sum of debits and credits per currency; `balanced` must always be true."""
     async with _kit(request).sessions() as session:
@@ -346,7 +347,11 @@ async def ledger_balance(request: Request, principal: CurrentPrincipal) -> Any:
 
 
 @router.post(
-    "/budgets", response_model=Budget, status_code=201, tags=["budgets"], openapi_extra=_action("billing.budget.manage")
+    "/budgets",
+    response_model=Budget,
+    status_code=201,
+    tags=["budgets"],
+    openapi_extra=iam.action_doc("billing.budget.manage"),
 )
 async def create_budget(body: BudgetCreate, request: Request, principal: CurrentPrincipal) -> Any:
     """A monthly budget for a tenant (or one project); `budget.threshold_crossed` is emitted once per
@@ -364,7 +369,9 @@ async def create_budget(body: BudgetCreate, request: Request, principal: Current
         )
 
 
-@router.get("/budgets", response_model=list[BudgetStatus], tags=["budgets"], openapi_extra=_action("billing.read"))
+@router.get(
+    "/budgets", response_model=list[BudgetStatus], tags=["budgets"], openapi_extra=iam.action_doc("billing.read")
+)
 async def list_budgets(
     request: Request,
     principal: CurrentPrincipal,
@@ -404,7 +411,7 @@ async def list_budgets(
 
 
 @router.post(
-    "/statements/close", status_code=201, tags=["statements"], openapi_extra=_action("billing.statement.close")
+    "/statements/close", status_code=201, tags=["statements"], openapi_extra=iam.action_doc("billing.statement.close")
 )
 async def close_statement(body: StatementClose, request: Request, principal: CurrentPrincipal) -> Any:
     """Operators: close a tenant's ended period into statements (one per currency)."""
@@ -414,7 +421,7 @@ async def close_statement(body: StatementClose, request: Request, principal: Cur
         )
 
 
-@router.get("/statements", tags=["statements"], openapi_extra=_action("billing.read"))
+@router.get("/statements", tags=["statements"], openapi_extra=iam.action_doc("billing.read"))
 async def list_statements(request: Request, principal: CurrentPrincipal, tenant_id: uuid.UUID) -> Any:
     async with _kit(request).sessions() as session:
         await iam.authorize(session, principal, "billing.read", tenant_id=tenant_id)
@@ -426,7 +433,7 @@ async def list_statements(request: Request, principal: CurrentPrincipal, tenant_
         return [dict(r._mapping) for r in rows]
 
 
-@router.get("/statements/{statement_id}", tags=["statements"], openapi_extra=_action("billing.read"))
+@router.get("/statements/{statement_id}", tags=["statements"], openapi_extra=iam.action_doc("billing.read"))
 async def get_statement(statement_id: uuid.UUID, request: Request, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session:
         row = (await session.execute(select(statements).where(statements.c.statement_id == statement_id))).first()

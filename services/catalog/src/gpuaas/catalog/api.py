@@ -192,11 +192,6 @@ def _if_match(value: str | None) -> int | None:
         raise Unprocessable('If-Match must carry the resource version, e.g. "3"', code="if_match_invalid") from None
 
 
-def _action(name: str) -> dict[str, Any]:
-    """The permission action of a route that authorizes in its body (read by the permission-matrix test)."""
-    return {iam.ACTION_EXTENSION: name}
-
-
 async def _authorized(request: Request, principal: Principal, action: str) -> None:
     async with _kit(request).sessions() as session:
         await iam.authorize(session, principal, action)
@@ -229,7 +224,7 @@ OperatorRead = Annotated[Principal, Depends(require("catalog.artifact.read"))]
     response_model=Artifact,
     status_code=201,
     tags=["artifacts"],
-    openapi_extra=_action("catalog.artifact.register"),
+    openapi_extra=iam.action_doc("catalog.artifact.register"),
 )
 async def register_artifact(request: Request, body: ArtifactRegister, principal: CurrentPrincipal) -> Any:
     """Register a digest after verifying it against the registry: the manifest and every blob it names
@@ -300,7 +295,7 @@ async def artifact_history(request: Request, artifact_id: uuid.UUID, _: Operator
     "/artifacts/{artifact_id}/checks",
     response_model=Artifact,
     tags=["artifacts"],
-    openapi_extra=_action("catalog.artifact.promote"),
+    openapi_extra=iam.action_doc("catalog.artifact.promote"),
 )
 async def record_check(request: Request, artifact_id: uuid.UUID, body: CheckRecord, principal: CurrentPrincipal) -> Any:
     """Record a lint or smoke result (staging needs both passing)."""
@@ -314,7 +309,7 @@ async def record_check(request: Request, artifact_id: uuid.UUID, body: CheckReco
     "/artifacts/{artifact_id}/verify",
     response_model=Verification,
     tags=["artifacts"],
-    openapi_extra=_action("catalog.artifact.promote"),
+    openapi_extra=iam.action_doc("catalog.artifact.promote"),
 )
 async def reverify(request: Request, artifact_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     """Verify the stored digest against the registry now; the result is recorded as the `content` check."""
@@ -346,7 +341,7 @@ async def _content_check(request: Request, art: dict[str, Any]) -> tuple[bool, s
     "/artifacts/{artifact_id}/transitions",
     response_model=Artifact,
     tags=["artifacts"],
-    openapi_extra=_action("catalog.artifact.promote"),
+    openapi_extra=iam.action_doc("catalog.artifact.promote"),
 )
 async def transition_artifact(
     request: Request,
@@ -403,7 +398,11 @@ async def launchable_profile_schema(_: CurrentPrincipal) -> dict[str, Any]:
 
 
 @router.post(
-    "/apps", response_model=Manifest, status_code=201, tags=["apps"], openapi_extra=_action("catalog.app.register")
+    "/apps",
+    response_model=Manifest,
+    status_code=201,
+    tags=["apps"],
+    openapi_extra=iam.action_doc("catalog.app.register"),
 )
 async def register_app(request: Request, principal: CurrentPrincipal, body: Annotated[dict[str, Any], Body()]) -> Any:
     """Register an app manifest version (validated against `GET /schemas/manifest`; a launchable app's
@@ -469,7 +468,7 @@ async def _manifest_change(request: Request, manifest_id: uuid.UUID, fn: Any) ->
     "/manifests/{manifest_id}/activate",
     response_model=Manifest,
     tags=["apps"],
-    openapi_extra=_action("catalog.app.register"),
+    openapi_extra=iam.action_doc("catalog.app.register"),
 )
 async def activate(
     request: Request,
@@ -493,7 +492,7 @@ async def activate(
     "/manifests/{manifest_id}/deactivate",
     response_model=Manifest,
     tags=["apps"],
-    openapi_extra=_action("catalog.app.register"),
+    openapi_extra=iam.action_doc("catalog.app.register"),
 )
 async def deactivate(
     request: Request,
@@ -516,7 +515,7 @@ async def deactivate(
     "/manifests/{manifest_id}/deprecate",
     response_model=Manifest,
     tags=["apps"],
-    openapi_extra=_action("catalog.app.register"),
+    openapi_extra=iam.action_doc("catalog.app.register"),
 )
 async def deprecate(request: Request, manifest_id: uuid.UUID, body: RequiredReason, principal: CurrentPrincipal) -> Any:
     """Existing instances continue; no new instance may use this version."""
@@ -553,7 +552,7 @@ async def compatibility(request: Request, slug: str, body: CompatibilityQuery, p
     response_model=Entitlement,
     status_code=201,
     tags=["entitlements"],
-    openapi_extra=_action("catalog.entitlement.manage"),
+    openapi_extra=iam.action_doc("catalog.entitlement.manage"),
 )
 async def grant(request: Request, body: EntitlementGrant, principal: CurrentPrincipal) -> Any:
     async with _kit(request).sessions() as session, session.begin():
@@ -564,7 +563,7 @@ async def grant(request: Request, body: EntitlementGrant, principal: CurrentPrin
     "/entitlements/{entitlement_id}/revoke",
     response_model=Entitlement,
     tags=["entitlements"],
-    openapi_extra=_action("catalog.entitlement.manage"),
+    openapi_extra=iam.action_doc("catalog.entitlement.manage"),
 )
 async def revoke(
     request: Request, entitlement_id: uuid.UUID, principal: CurrentPrincipal, body: Reason | None = None
@@ -601,7 +600,7 @@ async def snapshot(
 # ------------------------------------------------------------------------------------------- seed
 
 
-@router.post("/admin/seed", tags=["admin"], openapi_extra=_action("catalog.app.register"))
+@router.post("/admin/seed", tags=["admin"], openapi_extra=iam.action_doc("catalog.app.register"))
 async def seed_catalog(request: Request, body: SeedRequest, principal: CurrentPrincipal) -> Any:
     """Operator: push the seed apps' placeholder artifacts to `registry` and register, verify, promote
     and entitle them (slurm-reference, jupyter, vllm, rke2-self-managed). Idempotent."""

@@ -85,11 +85,6 @@ def _kit(request: Request) -> Any:
     return request.app.state.kit
 
 
-def iam_action(name: str) -> dict[str, Any]:
-    """The permission action of a route that authorizes in its body (read by the permission-matrix test)."""
-    return {iam.ACTION_EXTENSION: name}
-
-
 @router.post("/usage/app", response_model=AppUsage, status_code=201, tags=["app usage"])
 async def post_app_usage(
     body: AppUsageCreate, request: Request, response: Response, principal: CurrentPrincipal
@@ -154,7 +149,10 @@ async def _meter_row(session: Any, principal: Any, allocation_id: uuid.UUID) -> 
 
 
 @router.get(
-    "/meters/{allocation_id}", response_model=MeterOut, tags=["meters"], openapi_extra=iam_action("metering.usage.read")
+    "/meters/{allocation_id}",
+    response_model=MeterOut,
+    tags=["meters"],
+    openapi_extra=iam.action_doc("metering.usage.read"),
 )
 async def get_meter(allocation_id: uuid.UUID, request: Request, principal: CurrentPrincipal) -> Any:
     """The meter of an allocation: when billing started, stopped (and why), or is suspended."""
@@ -188,7 +186,7 @@ async def list_meters(
     "/meters/{allocation_id}/usage",
     response_model=list[UsageRecordOut],
     tags=["meters"],
-    openapi_extra=iam_action("metering.usage.read"),
+    openapi_extra=iam.action_doc("metering.usage.read"),
 )
 async def meter_usage(allocation_id: uuid.UUID, request: Request, principal: CurrentPrincipal) -> Any:
     """The usage records (closed windows) of an allocation, oldest first."""
