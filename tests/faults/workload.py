@@ -390,6 +390,15 @@ async def check_invariants(saga: Saga, timeout_s: float = 120.0) -> dict[str, An
     }
 
 
+def consumer_log_lines(stack: Stack, svc: str, last: int = 6) -> list[str]:
+    """The service's last consumer warnings and errors (restarts, stalls, crashes) from its log file."""
+    path = stack.logs_dir / f"{svc}.log"
+    if not path.exists():
+        return []
+    wanted = [line for line in path.read_text(errors="replace").splitlines() if '"consumer_' in line]
+    return [line[:400] for line in wanted[-last:]]
+
+
 async def diagnostics(stack: Stack, ids: list[uuid.UUID]) -> str:
     """What each consumer saw: for a failure message."""
     lines = []
@@ -406,6 +415,7 @@ async def diagnostics(stack: Stack, ids: list[uuid.UUID]) -> str:
             except httpx.HTTPError as e:
                 ready, lag = repr(e), -1
         lines.append(f"{svc}: inbox={n} lag={lag} readyz={ready}")
+        lines.extend(f"  {line}" for line in consumer_log_lines(stack, svc))
     unsent = {svc: await stack.fetchval(svc, "SELECT count(*) FROM outbox WHERE sent_at IS NULL") for svc in SERVICES}
     lines.append(f"unsent outbox rows: {unsent}")
     return "\n".join(lines)

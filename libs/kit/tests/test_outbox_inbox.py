@@ -192,6 +192,50 @@ async def test_malformed_messages_are_parked_and_never_stop_the_consumer(infra) 
     assert not [p for p in parked if b"some.future.event" in bytes(p[1])]
 
 
+@pytest.mark.parametrize("failure", ["crash", "internal_cancel", "client_stopped"])
+async def test_consumer_task_survives_its_client_failing(infra, failure: str) -> None:
+    """Whatever ends the poll loop (a bug, aiokafka cancelling a future it owns, the client stopped under us),
+    the consumer reports not-ready, builds a new client and goes on applying: it never dies with a stale
+    assignment that still reads as ready (what wedged a service's consumer after a broker outage)."""
+    run = uuid.uuid4().hex
+    prod_name, prod_url = await new_service_db(infra.admin_url, "prod")
+    cons_name, cons_url = await new_service_db(infra.admin_url, "cons")
+    await make_applied_table(cons_url, cons_name)
+    producer = build(prod_name, prod_url, infra.kafka_bootstrap, with_iam=False)
+    consumer = build(cons_name, cons_url, infra.kafka_bootstrap, with_iam=False, subscriptions=counting_handlers(run))
+
+    async def applied() -> int:
+        return (await fetch(cons_url, cons_name, "SELECT count(*) FROM applied"))[0][0]
+
+    async with running(producer) as (_, pkit), running(consumer) as (_, ckit):
+        async with pkit.sessions() as s, s.begin():
+            await add_events(s, [audit_event(run, "before", 0)])
+        await wait_for(lambda: _eq(applied(), 1), 60, "first event applied")
+        ec = ckit.consumer
+        client = ec.consumer
+        assert ec.assigned
+        if failure == "client_stopped":
+            await client.stop()
+        else:
+            real_getmany = client.getmany
+
+            async def failing_getmany(*args, **kwargs):  # type: ignore[no-untyped-def]
+                client.getmany = real_getmany  # once
+                if failure == "crash":
+                    raise RuntimeError("injected bug in the poll loop")
+                raise asyncio.CancelledError()  # as aiokafka does when it cancels a waiter it owns
+
+            client.getmany = failing_getmany
+        await wait_for(lambda: ec.consumer is not client, 30, "a new client")
+        assert ec.metrics.consumer_restarts._value.get() >= 1
+        async with pkit.sessions() as s, s.begin():
+            await add_events(s, [audit_event(run, "after", 1)])
+        await wait_for(lambda: _eq(applied(), 2), 60, "event applied by the new client")
+        await wait_for(lambda: ec.assigned, 30, "ready again")
+        task = next(t for t in ckit.tasks if t.get_name() == "consumer")
+        assert not task.done()
+
+
 async def test_only_one_relay_leads_per_schema(infra) -> None:
     from gpuaas.kit.kafka import make_producer
 

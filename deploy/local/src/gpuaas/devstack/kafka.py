@@ -111,6 +111,8 @@ def ensure_jars(version: str = KAFKA_VERSION, pom: Path = POM) -> Path:
 
 
 def _cluster_id() -> str:
+    # Kafka's own form (22 base64url chars). Passed as `--cluster-id=<id>`: an id starting with "-" would
+    # otherwise be read by the tool's argument parser as an option (1 in 32 formats failed that way).
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
@@ -211,7 +213,9 @@ class ApacheKafka:
         if not self.controller_port:
             self.controller_port = free_port(self.host)
         self.config_path.write_text(self._properties())
-        cmd = self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(self.config_path))
+        cmd = self._java(
+            "kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id()}", "--config", str(self.config_path)
+        )
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise KafkaError(f"kafka-storage format failed ({result.returncode}):\n{result.stdout}{result.stderr}")

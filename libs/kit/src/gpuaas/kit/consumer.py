@@ -49,6 +49,7 @@ class EventConsumer:
         heartbeat_interval_ms: int = 1000,
         commit_timeout_s: float = 10.0,
         stall_check_s: float = 20.0,
+        broker_timeout_s: float = 60.0,
         group_id: str | None = None,
     ) -> None:
         self.name = name
@@ -63,20 +64,27 @@ class EventConsumer:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.commit_timeout_s = commit_timeout_s
         self.stall_check_s = stall_check_s
+        self.broker_timeout_s = broker_timeout_s
+        self._polling = False
         self.consumer: AIOKafkaConsumer | None = None
         self._stopping = asyncio.Event()
 
     @property
     def assigned(self) -> bool:
-        return bool(self.consumer and self.consumer.assignment())
+        """Ready only while the poll loop runs with partitions: a consumer task that left its loop keeps a
+        stale assignment in aiokafka, which must not read as healthy."""
+        return self._polling and bool(self.consumer and self.consumer.assignment())
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
+        """Poll until stop(); any failure (broker, a wedged client, an aiokafka-internal cancellation, a bug)
+        ends with a fresh consumer after a back-off: this task must never die while the service runs."""
         topics = sorted(self.subs.topics)
         if not topics:
             return
+        backoff = 1.0
         while not self._stopping.is_set():
             self.consumer = AIOKafkaConsumer(
                 *topics,
@@ -92,24 +100,44 @@ class EventConsumer:
                 fetch_max_wait_ms=200,
             )
             try:
-                await self.consumer.start()
+                await asyncio.wait_for(self.consumer.start(), self.broker_timeout_s)
+                self._polling = True
                 await self._loop()
-            except KafkaError as exc:
-                log.warning("consumer_broker_error", error=str(exc))
-                await asyncio.sleep(1.0)
+                backoff = 1.0
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._stopping.is_set() or (task is not None and task.cancelling()):
+                    raise
+                # aiokafka cancelled a future we were awaiting (its coordinator closing under us): not our
+                # shutdown, so rejoin instead of letting the task end silently with a stale assignment.
+                log.warning("consumer_cancelled_internally")
+            except (KafkaError, TimeoutError) as exc:
+                log.warning("consumer_broker_error", error=f"{type(exc).__name__}: {exc}")
+            except Exception:
+                log.exception("consumer_crashed")
             finally:
+                self._polling = False
                 # Always stop(): cancelling inside getmany without it stalls partitions (aiokafka bug).
                 try:
                     await asyncio.wait_for(self.consumer.stop(), 10)
                 except (TimeoutError, KafkaError) as exc:
                     log.warning("consumer_stop_failed", error=str(exc))
+            self.metrics.consumer_restarts.inc()
+            try:  # back off, but wake at once for stop()
+                await asyncio.wait_for(self._stopping.wait(), backoff)
+            except TimeoutError:
+                pass
+            backoff = min(backoff * 2, 30.0)
 
     async def _loop(self) -> None:
         assert self.consumer is not None
         loop = asyncio.get_running_loop()
         last_records = last_check = loop.time()
         while not self._stopping.is_set():
-            batch = await self.consumer.getmany(timeout_ms=500, max_records=self.batch_size)
+            # Bounded: a getmany that never returns is a wedged client, answered by a fresh one.
+            batch = await asyncio.wait_for(
+                self.consumer.getmany(timeout_ms=500, max_records=self.batch_size), self.broker_timeout_s
+            )
             if not batch:
                 await self._update_lag()
                 now = loop.time()

@@ -35,6 +35,9 @@ class ServiceMetrics:
         self.consumer_lag = Gauge(
             f"{p}_consumer_lag_messages", "High-water mark minus position", ["topic", "partition"], registry=r
         )
+        self.consumer_restarts = Counter(
+            f"{p}_consumer_restarts_total", "Consumers recreated after a broker error, stall or crash", registry=r
+        )
         self.dead_letters = Gauge(f"{p}_dead_letters", "Parked (unresolved) dead letters", registry=r)
         self.dead_lettered = Counter(
             f"{p}_dead_lettered_total", "Events parked in the dead-letter table", ["topic"], registry=r
