@@ -236,6 +236,45 @@ async def test_consumer_task_survives_its_client_failing(infra, failure: str) ->
         assert not task.done()
 
 
+async def test_topic_prefix_isolates_deployments_on_one_broker(infra) -> None:
+    """GPUAAS_KAFKA_TOPIC_PREFIX: two deployments on one cluster; each reads only its own events, while the
+    outbox, the inbox and the handlers keep the registry's topic names."""
+    run = uuid.uuid4().hex
+    blue, green = f"blue{run[:8]}.", f"green{run[:8]}."
+    prod_name, prod_url = await new_service_db(infra.admin_url, "prod")
+    names = {}
+    apps = {}
+    for prefix in (blue, green):
+        cons_name, cons_url = await new_service_db(infra.admin_url, "cons")
+        await make_applied_table(cons_url, cons_name)
+        names[prefix] = (cons_name, cons_url)
+        apps[prefix] = build(
+            cons_name,
+            cons_url,
+            infra.kafka_bootstrap,
+            with_iam=False,
+            subscriptions=counting_handlers(run),
+            settings={"kafka_topic_prefix": prefix},
+        )
+    producer = build(prod_name, prod_url, infra.kafka_bootstrap, with_iam=False, settings={"kafka_topic_prefix": blue})
+
+    async def applied(prefix: str) -> int:
+        return (await fetch(names[prefix][1], names[prefix][0], "SELECT count(*) FROM applied"))[0][0]
+
+    async with running(producer) as (_, pkit), running(apps[blue]) as (_, bkit), running(apps[green]) as (_, gkit):
+        assert bkit.consumer.group_id == f"{blue}{names[blue][0]}"
+        async with pkit.sessions() as s, s.begin():
+            await add_events(s, [audit_event(run, "blue-only", i) for i in range(3)])
+        await wait_for(lambda: _eq(applied(blue), 3), 60, "the blue deployment applies its events")
+        await wait_for(lambda: gkit.consumer.assigned, 30, "green consumer assigned")
+        await asyncio.sleep(2)  # green is polling its own (empty) topics
+        assert await applied(green) == 0, "green read blue's events"
+        outbox_topics = await fetch(prod_url, prod_name, "SELECT DISTINCT topic FROM outbox")
+        assert [t for (t,) in outbox_topics] == [AUDIT], "the outbox keeps the logical topic name"
+    inbox_topics = await fetch(names[blue][1], names[blue][0], "SELECT DISTINCT topic FROM inbox")
+    assert [t for (t,) in inbox_topics] == [AUDIT], "the inbox records the logical topic name"
+
+
 async def test_only_one_relay_leads_per_schema(infra) -> None:
     from gpuaas.kit.kafka import make_producer
 

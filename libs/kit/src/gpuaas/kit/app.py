@@ -135,7 +135,7 @@ async def _run_messaging(kit: KitRuntime) -> None:
     s = kit.settings
     while True:
         try:
-            await ensure_topics(s.kafka_bootstrap)
+            await ensure_topics(s.kafka_bootstrap, prefix=s.kafka_topic_prefix)
             producer = make_producer(s.kafka_bootstrap, s.kafka_max_message_bytes)
             await asyncio.wait_for(producer.start(), 30)
             kit.producer = producer
@@ -155,6 +155,7 @@ async def _run_messaging(kit: KitRuntime) -> None:
             batch_size=s.outbox_batch_size,
             poll_interval_s=s.outbox_poll_interval_s,
             retention_hours=s.outbox_retention_hours,
+            topic_prefix=s.kafka_topic_prefix,
         )
         kit.spawn(kit.relay.run(), "outbox-relay")
     if s.run_consumers and kit.subscriptions.topics:
@@ -170,6 +171,7 @@ async def _run_messaging(kit: KitRuntime) -> None:
             session_timeout_ms=s.kafka_session_timeout_ms,
             heartbeat_interval_ms=s.kafka_heartbeat_interval_ms,
             commit_timeout_s=s.consumer_commit_timeout_s,
+            topic_prefix=s.kafka_topic_prefix,
         )
         kit.spawn(kit.consumer.run(), "consumer")
 

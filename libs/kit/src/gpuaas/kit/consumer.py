@@ -51,9 +51,12 @@ class EventConsumer:
         stall_check_s: float = 20.0,
         broker_timeout_s: float = 60.0,
         group_id: str | None = None,
+        topic_prefix: str = "",
     ) -> None:
         self.name = name
-        self.group_id = group_id or name
+        self.topic_prefix = topic_prefix
+        # Both on the wire under the deployment's prefix; the inbox, handlers and metrics see logical names.
+        self.group_id = topic_prefix + (group_id or name)
         self.bootstrap = bootstrap
         self.subs = subscriptions
         self.sessions = sessions
@@ -69,6 +72,10 @@ class EventConsumer:
         self.consumer: AIOKafkaConsumer | None = None
         self._stopping = asyncio.Event()
 
+    def logical(self, wire_topic: str) -> str:
+        """The registry's name of a topic read from the broker (without the deployment's prefix)."""
+        return wire_topic.removeprefix(self.topic_prefix)
+
     @property
     def assigned(self) -> bool:
         """Ready only while the poll loop runs with partitions: a consumer task that left its loop keeps a
@@ -81,7 +88,7 @@ class EventConsumer:
     async def run(self) -> None:
         """Poll until stop(); any failure (broker, a wedged client, an aiokafka-internal cancellation, a bug)
         ends with a fresh consumer after a back-off: this task must never die while the service runs."""
-        topics = sorted(self.subs.topics)
+        topics = sorted(self.topic_prefix + t for t in self.subs.topics)
         if not topics:
             return
         backoff = 1.0
@@ -203,7 +210,7 @@ class EventConsumer:
                 pos = await asyncio.wait_for(self.consumer.position(tp), 2)
             except TimeoutError:
                 continue
-            self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(hw - pos, 0))
+            self.metrics.consumer_lag.labels(self.logical(tp.topic), str(tp.partition)).set(max(hw - pos, 0))
 
     async def apply(self, records: Sequence[ConsumerRecord]) -> None:
         """Apply a batch in one transaction.
@@ -216,7 +223,7 @@ class EventConsumer:
             pending: list[tuple[ConsumerRecord, Event, Sequence[Handler]]] = []
             seen: set[uuid.UUID] = set()
             for record in records:
-                topic = TOPICS.get(record.topic)
+                topic = TOPICS.get(self.logical(record.topic))
                 try:
                     if topic is None:
                         raise ValueError(f"unknown topic {record.topic}")
@@ -231,7 +238,7 @@ class EventConsumer:
                 if not handlers:
                     continue
                 if event.id in seen:  # the same event twice in one batch (e.g. a replay)
-                    self.metrics.events_duplicate.labels(record.topic).inc()
+                    self.metrics.events_duplicate.labels(self.logical(record.topic)).inc()
                     continue
                 seen.add(event.id)
                 pending.append((record, event, handlers))
@@ -247,7 +254,7 @@ class EventConsumer:
                                     "consumer": self.name,
                                     "event_id": e.id,
                                     "event_type": e.type,
-                                    "topic": r.topic,
+                                    "topic": self.logical(r.topic),
                                     "partition": r.partition,
                                     "offset": r.offset,
                                 }
@@ -262,7 +269,7 @@ class EventConsumer:
             fresh = [(r, e, h) for r, e, h in pending if e.id in claimed]
             for r, e, _ in pending:
                 if e.id not in claimed:
-                    self.metrics.events_duplicate.labels(r.topic).inc()
+                    self.metrics.events_duplicate.labels(self.logical(r.topic)).inc()
             try:
                 async with session.begin_nested():
                     for _, event, handlers in fresh:
@@ -273,7 +280,7 @@ class EventConsumer:
                     await self._apply_isolated(session, record, event, handlers)
                 return
             for record, event, _ in fresh:
-                self.metrics.events_applied.labels(record.topic, event.type).inc()
+                self.metrics.events_applied.labels(self.logical(record.topic), event.type).inc()
 
     async def _apply_isolated(
         self, session: AsyncSession, record: ConsumerRecord, event: Event, handlers: Sequence[Handler]
@@ -283,7 +290,7 @@ class EventConsumer:
             try:
                 async with session.begin_nested():
                     await run_handlers(session, event, handlers)
-                self.metrics.events_applied.labels(record.topic, event.type).inc()
+                self.metrics.events_applied.labels(self.logical(record.topic), event.type).inc()
                 return
             except Exception as exc:  # a handler bug or a rule violation: retry, then park
                 error = f"{type(exc).__name__}: {exc}"
@@ -305,7 +312,7 @@ class EventConsumer:
                 consumer=self.name,
                 event_id=event_id,
                 event_type=event_type,
-                topic=record.topic,
+                topic=self.logical(record.topic),
                 partition=record.partition,
                 offset=record.offset,
                 key=record.key,
@@ -314,8 +321,8 @@ class EventConsumer:
                 attempts=attempts,
             )
         )
-        self.metrics.dead_lettered.labels(record.topic).inc()
-        log.error("event_dead_lettered", topic=record.topic, offset=record.offset, error=error[:500])
+        self.metrics.dead_lettered.labels(self.logical(record.topic)).inc()
+        log.error("event_dead_lettered", topic=self.logical(record.topic), offset=record.offset, error=error[:500])
 
 
 async def run_handlers(session: AsyncSession, event: Event, handlers: Sequence) -> None:

@@ -18,8 +18,11 @@ from gpuaas.kit.logging import get_logger
 log = get_logger(__name__)
 
 
-async def ensure_topics(bootstrap: str, names: list[str] | None = None, timeout_s: float = 30.0) -> None:
-    """Create the registry's topics that are missing ("already exists" counts as success)."""
+async def ensure_topics(
+    bootstrap: str, names: list[str] | None = None, timeout_s: float = 30.0, prefix: str = ""
+) -> None:
+    """Create the registry's topics that are missing ("already exists" counts as success), each named
+    `prefix + logical name` on the broker."""
     wanted = [TOPICS[n] for n in (names or list(TOPICS))]
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
     await asyncio.wait_for(admin.start(), timeout_s)
@@ -27,13 +30,13 @@ async def ensure_topics(bootstrap: str, names: list[str] | None = None, timeout_
         existing = set(await admin.list_topics())
         new = [
             NewTopic(
-                t.name,
+                prefix + t.name,
                 num_partitions=t.partitions,
                 replication_factor=1,
                 topic_configs={"cleanup.policy": "compact,delete"} if t.compacted else {},
             )
             for t in wanted
-            if t.name not in existing
+            if prefix + t.name not in existing
         ]
         if new:
             try:

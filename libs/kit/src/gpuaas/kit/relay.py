@@ -52,6 +52,7 @@ class OutboxRelay:
         poll_interval_s: float = 1.0,
         retention_hours: int = 168,
         publish_timeout_s: float = 60.0,
+        topic_prefix: str = "",
     ) -> None:
         self.schema = schema
         self.engine = engine
@@ -63,6 +64,7 @@ class OutboxRelay:
         self.poll_interval_s = poll_interval_s
         self.retention = timedelta(hours=retention_hours)
         self.publish_timeout_s = publish_timeout_s
+        self.topic_prefix = topic_prefix
         self.is_leader = False
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -159,7 +161,9 @@ class OutboxRelay:
                 if cid := (r.headers or {}).get("correlation_id"):
                     headers.append(("correlation_id", cid.encode()))
                 futures.append(
-                    await self.producer.send(r.topic, r.payload, key=r.aggregate_id.encode(), headers=headers)
+                    await self.producer.send(
+                        self.topic_prefix + r.topic, r.payload, key=r.aggregate_id.encode(), headers=headers
+                    )
                 )
             # acks=all: every record of the batch is durable on the broker before we mark it.
             await asyncio.wait_for(asyncio.gather(*futures), self.publish_timeout_s)

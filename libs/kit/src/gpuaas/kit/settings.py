@@ -31,6 +31,11 @@ class ServiceSettings(BaseSettings):
     kafka_bootstrap: str = Field("127.0.0.1:9092", validation_alias=_shared("kafka_bootstrap"))
     kafka_session_timeout_ms: int = Field(6000, validation_alias=_shared("kafka_session_timeout_ms"))
     kafka_heartbeat_interval_ms: int = Field(1000, validation_alias=_shared("kafka_heartbeat_interval_ms"))
+    # Namespace on a shared cluster: prefixed to every topic and consumer group on the wire (the outbox and
+    # the contracts keep the logical names), so two deployments never read each other's events.
+    kafka_topic_prefix: str = Field(
+        "", pattern=r"^[A-Za-z0-9._-]{0,100}$", validation_alias=_shared("kafka_topic_prefix")
+    )
     # Enforced on the producer side: Tansu does not enforce a maximum message size.
     kafka_max_message_bytes: int = 1_000_000
 
