@@ -169,7 +169,17 @@ class ResizeBody(BaseModel):
 
 
 async def view(session: AsyncSession, row: Any) -> dict[str, Any]:
-    vols = await service.volume_summaries(session, list(row.volume_ids))
+    return (await views(session, [row]))[0]
+
+
+async def views(session: AsyncSession, rows: list[Any]) -> list[dict[str, Any]]:
+    """The API shape of allocations; their volumes are read in one query for the whole list."""
+    wanted = list({v for row in rows for v in row.volume_ids})
+    by_id = {v.volume_id: v for v in await service.volume_summaries(session, wanted)}
+    return [_render(row, [by_id[v] for v in row.volume_ids if v in by_id]) for row in rows]
+
+
+def _render(row: Any, vols: list[Any]) -> dict[str, Any]:
     return {
         **service.alloc_state(row).model_dump(),
         "volumes": [
@@ -228,14 +238,14 @@ async def list_project_allocations(
         rows = await service.list_allocations(
             session, principal, project_id=project_id, include_released=include_released
         )
-        return [await view(session, r) for r in rows]
+        return await views(session, rows)
 
 
 @router.get("/allocations", response_model=list[Allocation], tags=["allocations"])
 async def list_allocations(request: Request, principal: CurrentPrincipal, include_released: bool = False) -> Any:
     async with _kit(request).sessions() as session:
         rows = await service.list_allocations(session, principal, project_id=None, include_released=include_released)
-        return [await view(session, r) for r in rows]
+        return await views(session, rows)
 
 
 @router.get(

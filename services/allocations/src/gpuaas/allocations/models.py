@@ -84,6 +84,9 @@ allocations = Table(
     # Release saga: set while waiting for app-runtime's release clearance (members on it).
     Column("awaiting_clearance_since", DateTime(timezone=True)),
     Column("version", Integer, nullable=False, server_default="1"),
+    # The list endpoints: newest first, per project or across the principal's projects.
+    Index("ix_allocations_project_requested", "project_id", text("requested_at DESC")),
+    Index("ix_allocations_requested", text("requested_at DESC")),
 )
 
 gpu_assignments = Table(
@@ -185,6 +188,7 @@ volume_attachments = Table(
     Column("attached_at", DateTime(timezone=True), nullable=False),
     # A single_writer volume has at most one attachment, whatever races the API loses.
     Index("uq_volume_attachments_single_writer", "volume_id", unique=True, postgresql_where=text("exclusive")),
+    Index("ix_volume_attachments_allocation", "allocation_id"),  # the primary key leads with volume_id
 )
 
 quotas = Table(

@@ -665,18 +665,21 @@ class _Row(dict):  # type: ignore[type-arg]
 
 
 async def _with_volumes(session: AsyncSession, row: Any) -> Any:
-    ids = (
-        (
-            await session.execute(
-                select(volume_attachments.c.volume_id)
-                .where(volume_attachments.c.allocation_id == row.allocation_id)
-                .order_by(volume_attachments.c.attached_at)
-            )
+    return (await _with_volumes_many(session, [row]))[0]
+
+
+async def _with_volumes_many(session: AsyncSession, rows: list[Any]) -> list[Any]:
+    """Each row with its attached volume ids (in attach order), in one query for the whole list."""
+    attached: dict[uuid.UUID, list[uuid.UUID]] = {r.allocation_id: [] for r in rows}
+    if rows:
+        result = await session.execute(
+            select(volume_attachments.c.allocation_id, volume_attachments.c.volume_id)
+            .where(volume_attachments.c.allocation_id.in_(list(attached)))
+            .order_by(volume_attachments.c.attached_at)
         )
-        .scalars()
-        .all()
-    )
-    return _Row({**row._mapping, "volume_ids": list(ids)})
+        for alloc_id, volume_id in result.all():
+            attached[alloc_id].append(volume_id)
+    return [_Row({**r._mapping, "volume_ids": attached[r.allocation_id]}) for r in rows]
 
 
 async def _update_alloc(session: AsyncSession, alloc_id: uuid.UUID, **values: Any) -> Any:
@@ -1000,7 +1003,7 @@ async def list_allocations(
             q = q.where(allocations.c.project_id.in_(visible or [uuid.UUID(int=0)]))
     if not include_released:
         q = q.where(allocations.c.status.notin_([S.released, S.failed]))
-    return [await _with_volumes(session, r) for r in (await session.execute(q)).all()]
+    return await _with_volumes_many(session, list((await session.execute(q)).all()))
 
 
 async def restart_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> Any:
