@@ -1,12 +1,18 @@
 """The `gpuaas` CLI as a process against the whole suite: login (wrong password → a clear problem, exit 1),
-keys, volumes, alloc create --wait (timeline followed to active), list/show --json, ssh --print, a command
-over SSH with the printed endpoint, resize --wait, restart --wait, release --wait, apps list, cost, logout."""
+keys add/list/delete, volumes create/list/delete, alloc create --wait (timeline followed to active),
+list/show --json, ssh --print, a command over SSH with the printed endpoint, resize --wait, restart --wait,
+grants add/list/remove (a colleague's key), apps list, apps deploy --wait (manifest inputs with -c) on the
+allocation with a running app controller, apps status (list, one), add-worker on a second allocation and
+remove-worker, decommission --wait, a problem+json error (unknown app: `error: … (code, HTTP 4xx)`,
+exit 1, no traceback), release --wait, cost (JSON and table), logout. (`login --sso` is in
+test_identity_sso.py, next to the enterprise IdP it needs.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -20,6 +26,9 @@ from gpuaas.devstack.stack import Stack
 
 from .conftest import eventually
 from .test_allocations_gateway import start_agent, stop_agent
+from .test_console import APP, enable_app, registry, start_controller
+
+__all__ = ["registry"]  # the module fixture (a real OCI registry for the seed catalog)
 
 pytestmark = pytest.mark.e2e
 PASSWORD = "cli-horse-battery-staple"
@@ -34,8 +43,8 @@ class Cli:
             "COLUMNS": "200",
         }
 
-    async def __call__(self, *args: str, ok: bool = True) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
+    async def spawn(self, *args: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "gpuaas.cli",
@@ -44,6 +53,9 @@ class Cli:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
+
+    async def __call__(self, *args: str, ok: bool = True) -> tuple[int, str, str]:
+        proc = await self.spawn(*args)
         out, err = await asyncio.wait_for(proc.communicate(), 400)
         rc = proc.returncode
         assert rc is not None
@@ -56,7 +68,7 @@ class Cli:
         return json.loads(out)
 
 
-async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, tmp_path: Path) -> None:
+async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, registry: Any, tmp_path: Path) -> None:
     run = uuid.uuid4().hex[:6]
     r = await gw.post("/api/identity/tenants", json={"slug": f"cli-{run}", "name": f"CLI {run}"})
     assert r.status_code == 201, r.text
@@ -70,12 +82,21 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, tmp_pa
     member = {"user_id": r.json()["user_id"], "role": "project_admin"}
     r = await gw.post(f"/api/identity/projects/{pid}/members", json=member)
     assert r.status_code == 201, r.text
+    r = await gw.post(
+        f"/api/identity/tenants/{tid}/users",
+        json={"email": f"hal-{run}@cli-{run}.example.com", "password": PASSWORD, "role": None},
+    )
+    assert r.status_code == 201, r.text
+    colleague = r.json()["user_id"]
+    r = await gw.post(f"/api/identity/projects/{pid}/members", json={"user_id": colleague, "role": "project_member"})
+    assert r.status_code == 201, r.text
     host_class = f"cli-{run}"
     r = await gw.post("/api/allocations/hosts", json={"name": host_class, "host_class": host_class})
     assert r.status_code == 201, r.text
     host = r.json()
     agent = start_agent(stack, host["node_token"], host_class, "4xH100-80GB")
     cli = Cli(stack, tmp_path / "config.json")
+    controller = None
     try:
         rc, _, err = await cli("login", "--email", email, "--password", "wrong-password", ok=False)
         assert rc == 1 and "error:" in err and "HTTP 401" in err, err
@@ -131,16 +152,94 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, tmp_pa
         rc, _, err = await cli("alloc", "resize", aid, "64", ok=False)
         assert rc == 1 and "error:" in err  # more GPUs than the host has: a problem, not a traceback
         assert "Traceback" not in err
+        # Grants: a colleague's key on this allocation, listed, removed.
+        (tmp_path / "hal.pub").write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_public_key())
+        grant = await cli.json("grants", "add", aid, colleague, str(tmp_path / "hal.pub"))
+        assert grant["user_id"] == colleague and grant["status"] in ("pending", "active")
+        assert grant["grant_id"] in [g["grant_id"] for g in await cli.json("grants", "list", aid)]
+        _, grants_table, _ = await cli("grants", "list", aid)
+        assert grant["fingerprint"] in grants_table
+        revoked = await cli.json("grants", "remove", aid, grant["grant_id"])
+        assert revoked["grant_id"] == grant["grant_id"] and revoked["status"] != "active"
+
+        # Apps: deploy onto the allocation (a real app controller runs), add a worker on a second one,
+        # remove it, decommission.
+        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as c:
+            r = await c.post(
+                "/api/identity/auth/token", data={"grant_type": "password", "username": email, "password": PASSWORD}
+            )
+        sa = await enable_app(
+            gw, registry, tid=tid, pid=pid, user={"Authorization": f"Bearer {r.json()['access_token']}"}, run=run
+        )
+        controller = start_controller(stack, sa, run)
+        assert APP in [a["slug"] for a in await cli.json("apps", "list")]
+        _, apps_table, _ = await cli("apps", "list")
+        assert APP in apps_table and "cluster_name" in apps_table
+        worker = await cli.json(
+            "alloc", "create", "--name", "worker", "--gpus", "1", "--host-class", host_class,
+            "--wait", "--timeout", "120",
+        )  # fmt: skip
+        assert worker["status"] == "active"
+
+        rc, out, err = await cli(
+            "--json", "apps", "deploy", APP, "--name", "cli-cluster", "--controller", aid,
+            "--mode", "same_node", "-c", "cluster_name=cli", "--wait", "--timeout", "240", ok=False,
+        )  # fmt: skip
+        assert rc == 0, (out[-3000:], err[-3000:])
+        inst = json.loads(out)
+        iid = inst["instance_id"]
+        assert inst["status"] == "running" and [m["allocation_id"] for m in inst["members"]] == [aid]
+        assert inst["config"]["cluster_name"] == "cli"
+        assert iid in [i["instance_id"] for i in await cli.json("apps", "status")]
+        op = await cli.json("apps", "add-worker", iid, worker["allocation_id"])
+        assert op["kind"] == "add" and op["status"] in ("pending", "claimed", "in_progress", "succeeded")
+
+        async def members(want: int) -> Any:
+            i = await cli.json("apps", "status", iid)
+            live = [m for m in i["members"] if m["status"] == "active" and not m.get("tombstoned")]
+            return i if len(live) == want and i["status"] == "running" else None
+
+        i = await eventually(lambda: members(2), 180, "the worker added", interval_s=1)
+        member = next(m for m in i["members"] if m["allocation_id"] == worker["allocation_id"])
+        op = await cli.json("apps", "remove-worker", iid, member["member_id"])
+        assert op["kind"] == "remove"
+        i = await eventually(lambda: members(1), 180, "the worker removed", interval_s=1)
+        assert {o["kind"] for o in i["operations"] if o["status"] == "succeeded"} >= {"add", "remove"}
+        _, status_table, _ = await cli("apps", "status", iid)
+        assert "cli-cluster" in status_table and "Operations" in status_table and "running" in status_table
+        done = await cli.json("apps", "decommission", iid, "--wait", "--timeout", "240")
+        assert done["status"] == "decommissioned"
+
+        # A problem+json answer is shown clearly: detail, stable code, HTTP status; exit 1, no traceback.
+        rc, out, err = await cli("apps", "deploy", "no-such-app", "--name", "x", "--controller", aid, ok=False)
+        assert rc == 1 and out == "" and "Traceback" not in err
+        assert re.search(r"error: .+ \([a-z_]+, HTTP 4\d\d\)", err), err
+
         released = await cli.json("alloc", "release", aid, "--wait", "--timeout", "120")
         assert released["status"] == "released"
+        assert (await cli.json("alloc", "release", worker["allocation_id"], "--wait"))["status"] == "released"
 
         apps = await cli.json("apps", "list")
         assert isinstance(apps, list)
         cost = await cli.json("cost")
-        assert cost["period_start"] and isinstance(cost["projects"], list)
+        assert cost["period_start"] and [p["project_id"] for p in cost["projects"]] in ([], [pid])
+        _, cost_table, _ = await cli("cost")
+        assert "Period" in cost_table and "Per project" in cost_table
+        # Keys and volumes go away.
+        await cli.json("keys", "delete", added["key_id"])
+        assert await cli.json("keys", "list") == []
+        tmp = await cli.json("volumes", "create", "tmp", "--size", "1", "--no-persist")
+        assert tmp["persist"] is False and tmp["after_release"]
+        assert (await cli.json("volumes", "delete", tmp["volume_id"]))["deleted"] == tmp["volume_id"]
+        left = {v["volume_id"]: v["status"] for v in await cli.json("volumes", "list")}
+        assert left.get(tmp["volume_id"]) in (None, "deleted")
+        _, vol_table, _ = await cli("volumes", "list")
+        assert "data" in vol_table
         await cli("logout")
         assert json.loads((tmp_path / "config.json").read_text())["access_token"] is None
         rc, _, err = await cli("alloc", "list", ok=False)
         assert rc == 1 and "gpuaas login" in err
     finally:
+        if controller is not None:
+            stop_agent(controller)
         stop_agent(agent)

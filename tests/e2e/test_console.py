@@ -3,9 +3,12 @@ whole suite as processes: the Python side prepares a tenant, a project admin, a 
 seed catalog (pushed to a real OCI registry) and a running app controller; the Node script
 (web/console/tests/console.e2e.mjs) then does, through the browser only: login (work tab discovery, inline
 error, personal tab), session kept across reload, create an allocation and watch its live timeline reach
-active, open the terminal and run a command, browse the catalog, deploy an app through the wizard (manifest
-inputs) and see it running, decommission it, release the allocation, see the cost appear, the narrow-screen
-layout, logout, and the operator pages. Any console error fails it; every page is screenshotted."""
+active, open the terminal and run a command, restart it and resize it (live timeline entries), grant a
+project member SSH access, create a volume and attach it, browse the catalog, deploy an app through the
+wizard (manifest inputs) and see it running, add a worker on a second allocation and remove it, decommission
+the instance, release the allocation, see the cost appear, the narrow-screen layout, logout, the operator
+pages, and create a budget and see it listed. Any console error fails it; every page is screenshotted.
+(SSO from the console is in test_identity_sso.py, next to the enterprise IdP it needs.)"""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import asyncssh
 import httpx
 import pytest
 
@@ -70,14 +74,8 @@ def start_controller(stack: Stack, sa: dict, run: str) -> subprocess.Popen:
         )
 
 
-@pytest.fixture(scope="module")
-def registry():
-    reg = LocalRegistry(Path(tempfile.mkdtemp(prefix="gpuaas-console-registry-"))).start()
-    yield reg
-    reg.stop()
-
-
-async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, registry: LocalRegistry) -> None:
+async def console_served(stack: Stack, gw: httpx.AsyncClient) -> None:
+    """Node, npm and Chromium are there, the console is built, and the gateway serves it at /."""
     for tool in ("node", "npm"):
         assert shutil.which(tool), f"{tool} is needed for the console (make install puts it there)"
     assert Path(CHROMIUM).exists(), f"Debian's chromium is needed at {CHROMIUM} (make install puts it there)"
@@ -89,6 +87,64 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
         index = await gw.get("/")
     assert 'id="app"' in index.text and index.headers["content-security-policy"].startswith("default-src 'self'")
 
+
+async def run_browser(script: str, env: dict[str, str], timeout_s: float = 900) -> dict:
+    """Run a browser script of web/console/tests; its result line, asserted ok and free of console errors."""
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        f"tests/{script}",
+        cwd=CONSOLE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "CHROMIUM": CHROMIUM, **env},
+    )
+    out, err = (b.decode() for b in await asyncio.wait_for(proc.communicate(), timeout_s))
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, f"no result from the browser script (rc {proc.returncode}): {out[-3000:]} {err[-3000:]}"
+    result = json.loads(lines[-1])
+    failed = [s for s in result["steps"] if not s["ok"]]
+    assert proc.returncode == 0 and result["ok"], (result.get("error"), failed, result["consoleErrors"])
+    assert result["consoleErrors"] == []
+    assert all(Path(p).stat().st_size > 5000 for p in result["screenshots"])
+    return result
+
+
+async def enable_app(
+    gw: httpx.AsyncClient, registry: LocalRegistry, *, tid: str, pid: str, user: dict[str, str], run: str
+) -> dict:
+    """The seed catalog on a real registry, entitled to the tenant, and an app-controller service account
+    of the project bound to the app by the project admin `user` (start it with `start_controller`)."""
+    r = await gw.post("/api/catalog/admin/seed", json={"registry": registry.address, "tenant_ids": [tid]})
+    assert r.status_code == 200, r.text
+    r = await gw.post("/api/catalog/entitlements", json={"tenant_id": tid, "app_slug": APP})
+    assert r.status_code in (201, 409), r.text
+    r = await gw.post(
+        f"/api/identity/projects/{pid}/service-accounts", json={"name": f"ctl-{run}", "scopes": ["app-controller"]}
+    )
+    assert r.status_code == 201, r.text
+    sa = r.json()
+
+    async def bound() -> bool:  # app-runtime's projections have the service account and the app
+        r = await gw.put(
+            f"/api/app-runtime/projects/{pid}/controllers/{APP}",
+            json={"service_account_id": sa["service_account_id"]},
+            headers=user,
+        )
+        return r.status_code in (200, 201)
+
+    await eventually(bound, 60, "controller bound", interval_s=0.5)
+    return sa
+
+
+@pytest.fixture(scope="module")
+def registry():
+    reg = LocalRegistry(Path(tempfile.mkdtemp(prefix="gpuaas-console-registry-"))).start()
+    yield reg
+    reg.stop()
+
+
+async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, registry: LocalRegistry) -> None:
+    await console_served(stack, gw)
     run = uuid.uuid4().hex[:6]
     r = await gw.post("/api/identity/tenants", json={"slug": f"web-{run}", "name": f"Web {run}"})
     assert r.status_code == 201, r.text
@@ -102,6 +158,16 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
     member = {"user_id": r.json()["user_id"], "role": "project_admin"}
     r = await gw.post(f"/api/identity/projects/{pid}/members", json=member)
     assert r.status_code == 201, r.text
+    # A second project member, whom the browser grants SSH access to an allocation.
+    r = await gw.post(
+        f"/api/identity/tenants/{tid}/users",
+        json={"email": f"bob-{run}@web-{run}.example.com", "password": PASSWORD, "role": None},
+    )
+    assert r.status_code == 201, r.text
+    colleague = r.json()["user_id"]
+    r = await gw.post(f"/api/identity/projects/{pid}/members", json={"user_id": colleague, "role": "project_member"})
+    assert r.status_code == 201, r.text
+    colleague_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     # A price that makes a minute of one GPU visible.
     r = await gw.post(
         "/api/billing/prices",
@@ -115,22 +181,12 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
         },
     )
     assert r.status_code in (201, 409), r.text
-    # The seed catalog on a real registry, entitled to this tenant.
-    r = await gw.post("/api/catalog/admin/seed", json={"registry": registry.address, "tenant_ids": [tid]})
-    assert r.status_code == 200, r.text
-    r = await gw.post("/api/catalog/entitlements", json={"tenant_id": tid, "app_slug": APP})
-    assert r.status_code in (201, 409), r.text
-    r = await gw.post(
-        f"/api/identity/projects/{pid}/service-accounts", json={"name": f"ctl-{run}", "scopes": ["app-controller"]}
-    )
-    assert r.status_code == 201, r.text
-    sa = r.json()
 
     host_class = f"web-{run}"
     r = await gw.post("/api/allocations/hosts", json={"name": host_class, "host_class": host_class})
     assert r.status_code == 201, r.text
     host = r.json()
-    agent = start_agent(stack, host["node_token"], host_class, "2xL40S-48GB")
+    agent = start_agent(stack, host["node_token"], host_class, "4xL40S-48GB")
     controller = None
     try:
 
@@ -144,16 +200,7 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
             )
             assert r.status_code == 200, r.text
             user = {"Authorization": f"Bearer {r.json()['access_token']}"}
-
-            async def bound() -> bool:  # app-runtime's projections have the service account and the app
-                r = await c.put(
-                    f"/api/app-runtime/projects/{pid}/controllers/{APP}",
-                    json={"service_account_id": sa["service_account_id"]},
-                    headers=user,
-                )
-                return r.status_code in (200, 201)
-
-            await eventually(bound, 60, "controller bound", interval_s=0.5)
+            sa = await enable_app(gw, registry, tid=tid, pid=pid, user=user, run=run)
 
             async def projected() -> bool:  # every service knows the new project and the user's role
                 checks = [
@@ -172,14 +219,10 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
         controller = start_controller(stack, sa, run)
         shots = stack.root / "console-screenshots"
         admin_email, admin_password = stack.admin_login
-        proc = await asyncio.create_subprocess_exec(
-            "node",
-            "tests/console.e2e.mjs",
-            cwd=CONSOLE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={
-                **os.environ,
+        budget = f"console-budget-{run}"
+        result = await run_browser(
+            "console.e2e.mjs",
+            {
                 "GATEWAY_URL": stack.gateway_url,
                 "USER_EMAIL": email,
                 "USER_PASSWORD": PASSWORD,
@@ -188,20 +231,27 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
                 "HOST_CLASS": host_class,
                 "APP_SLUG": APP,
                 "SCREENSHOT_DIR": str(shots),
-                "CHROMIUM": CHROMIUM,
                 "GPU_MODEL": "L40S-48GB",
+                "MEMBER_USER_ID": colleague,
+                "MEMBER_PUBLIC_KEY": colleague_key,
+                "BUDGET_NAME": budget,
             },
         )
-        out, err = (b.decode() for b in await asyncio.wait_for(proc.communicate(), 900))
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        assert lines, f"no result from the browser script (rc {proc.returncode}): {out[-3000:]} {err[-3000:]}"
-        result = json.loads(lines[-1])
-        failed = [s for s in result["steps"] if not s["ok"]]
-        assert proc.returncode == 0 and result["ok"], (result.get("error"), failed, result["consoleErrors"])
-        assert result["consoleErrors"] == []
         names = [s["name"] for s in result["steps"]]
-        assert "browser terminal runs a command" in names and "the cost appears" in names
-        assert len(result["screenshots"]) >= 20 and all(Path(p).stat().st_size > 5000 for p in result["screenshots"])
+        for name in (
+            "browser terminal runs a command",
+            "restart the allocation",
+            "resize the allocation to 2 GPUs",
+            "grant a project member SSH access",
+            "create a volume and attach it",
+            "add a worker",
+            "remove the worker",
+            "decommission the instance",
+            "the cost appears",
+            "budgets: create one and see it listed",
+        ):
+            assert name in names, name
+        assert len(result["screenshots"]) >= 28
         # What the browser did is real: the allocation was released, the instance decommissioned, a charge exists.
         alloc = result["allocation"]
         sql = "SELECT status FROM allocations WHERE allocation_id = $1"
@@ -210,6 +260,21 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
         assert await stack.fetchval("app_runtime", sql, uuid.UUID(result["instance"])) == "decommissioned"
         r = await gw.get("/api/billing/charges", params={"project_id": pid, "allocation_id": alloc})
         assert r.status_code == 200 and r.json(), r.text
+        # ... and so are the restart, the resize, the grant, the attachment, the worker and the budget.
+        sql = "SELECT kind, status FROM agent_tasks WHERE allocation_id = $1"
+        tasks = {(t["kind"], t["status"]) for t in await stack.fetch("allocations", sql, uuid.UUID(alloc))}
+        assert {("restart", "succeeded"), ("resize", "succeeded")} <= tasks, tasks
+        sql = "SELECT user_id, origin FROM ssh_grants WHERE allocation_id = $1 AND user_id = $2"
+        assert len(await stack.fetch("allocations", sql, uuid.UUID(alloc), uuid.UUID(colleague))) == 1
+        sql = "SELECT count(*) FROM volumes WHERE project_id = $1 AND name = 'scratch'"
+        assert await stack.fetchval("allocations", sql, uuid.UUID(pid)) == 1
+        assert result["mountPath"].startswith("/")
+        sql = "SELECT kind, status FROM operations WHERE instance_id = $1"
+        ops = {(o["kind"], o["status"]) for o in await stack.fetch("app_runtime", sql, uuid.UUID(result["instance"]))}
+        assert {("add", "succeeded"), ("remove", "succeeded")} <= ops, ops
+        sql = "SELECT tenant_id, limit_amount, currency FROM budgets WHERE name = $1"
+        budgets = await stack.fetch("billing", sql, budget)
+        assert len(budgets) == 1 and budgets[0]["limit_amount"] == 250 and budgets[0]["currency"] == "USD"
     finally:
         if controller is not None:
             stop_agent(controller)

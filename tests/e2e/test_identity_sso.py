@@ -6,11 +6,17 @@ Flows: account-type discovery (+ advisory tenant hint), JIT provisioning with th
 repeat login through the recorded link (no duplicate), linking an existing same-tenant user by
 verified email, refusal across tenants, refusal of an unverified email, inline IdP login error,
 single-use state, and `sso_required` for password logins once the tenant enforces SSO.
+
+Completing the login at the user's surface: `return_to` (the console, or the CLI's loopback listener;
+anything else refused, never an open redirect), the 302 back with a single-use login code (never the
+tokens), its exchange at `POST /auth/token` exactly once, errors handed back as `error=<code>`; the
+console signing in through SSO in a real Chromium, and `gpuaas login --sso` as a process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import secrets
@@ -31,6 +37,8 @@ from gpuaas.devstack.stack import Stack
 from gpuaas.kit.provision import ensure_service_schema
 
 from .conftest import eventually
+from .test_cli import Cli
+from .test_console import console_served, run_browser
 
 PASSWORD = "enterprise-password-1"
 
@@ -121,17 +129,53 @@ def _launch(env: dict[str, str], root: Path) -> tuple[subprocess.Popen, IO[bytes
     return proc, log
 
 
-async def sso_login(gateway: str, email: str, password: str = PASSWORD) -> httpx.Response:
-    """What a browser does: start at the gateway, sign in at the IdP's form, come back to the callback."""
+@dataclass
+class Acme:
+    tenant_id: str
+    idp_id: str
+    domain: str
+
+
+async def acme_tenant(gw: httpx.AsyncClient, idp: EnterpriseIdP, *, name: str = "ACME Entra") -> Acme:
+    """A platform tenant owning a fresh email domain through the enterprise IdP (default role viewer)."""
+    suffix = uuid.uuid4().hex[:6]
+    domain = f"acme{suffix}.example.com"
+    t = await gw.post("/api/identity/tenants", json={"slug": f"acme-{suffix}", "name": "ACME"})
+    assert t.status_code == 201, t.text
+    r = await gw.post(
+        f"/api/identity/tenants/{t.json()['tenant_id']}/identity-providers",
+        json={
+            "name": name,
+            "issuer": idp.url,
+            "client_id": idp.client_id,
+            "client_secret": idp.client_secret,
+            "domains": [domain],
+            "default_role": "viewer",
+        },
+    )
+    assert r.status_code == 201, r.text
+    return Acme(t.json()["tenant_id"], r.json()["idp_id"], domain)
+
+
+def hidden_fields(page: str) -> dict[str, str]:
+    return dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page))
+
+
+async def sso_login(
+    gateway: str, email: str, password: str = PASSWORD, *, return_to: str | None = None
+) -> httpx.Response:
+    """What a browser does: start at the gateway, sign in at the IdP's form, come back to the callback
+    (whose answer is returned, not followed)."""
+    params = {"email": email, **({"return_to": return_to} if return_to else {})}
     async with httpx.AsyncClient(timeout=30) as browser:
-        start = await browser.get(f"{gateway}/api/identity/auth/sso/start", params={"email": email})
+        start = await browser.get(f"{gateway}/api/identity/auth/sso/start", params=params)
         assert start.status_code == 302, start.text
         authorize_url = start.headers["location"]
         query = {k: v[0] for k, v in parse_qs(urlsplit(authorize_url).query).items()}
         assert query["code_challenge_method"] == "S256" and query["code_challenge"] and query["nonce"]
         form = await browser.get(authorize_url)
         assert form.status_code == 200 and "<form" in form.text
-        fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form.text))
+        fields = hidden_fields(form.text)
         base = authorize_url.split("?", 1)[0]
         submitted = await browser.post(base, data={**fields, "email": email, "password": password})
         if submitted.status_code != 303:
@@ -144,26 +188,13 @@ async def sso_login(gateway: str, email: str, password: str = PASSWORD) -> httpx
 
 
 async def test_enterprise_sso_federation(stack: Stack, gw: httpx.AsyncClient, idp: EnterpriseIdP) -> None:
-    suffix = uuid.uuid4().hex[:6]
-    domain = f"acme{suffix}.example.com"
     # The platform side: tenant ACME owns the domain through its IdP; tenant Other exists too.
-    t = await gw.post("/api/identity/tenants", json={"slug": f"acme-{suffix}", "name": "ACME"})
+    acme = await acme_tenant(gw, idp)
+    tid, idp_id, domain = acme.tenant_id, acme.idp_id, acme.domain
+    suffix = uuid.uuid4().hex[:6]
     other = await gw.post("/api/identity/tenants", json={"slug": f"other-{suffix}", "name": "Other"})
-    assert t.status_code == other.status_code == 201
-    tid, other_tid = t.json()["tenant_id"], other.json()["tenant_id"]
-    r = await gw.post(
-        f"/api/identity/tenants/{tid}/identity-providers",
-        json={
-            "name": "ACME Entra",
-            "issuer": idp.url,
-            "client_id": idp.client_id,
-            "client_secret": idp.client_secret,
-            "domains": [domain],
-            "default_role": "viewer",
-        },
-    )
-    assert r.status_code == 201, r.text
-    idp_id = r.json()["idp_id"]
+    assert other.status_code == 201
+    other_tid = other.json()["tenant_id"]
     r = await gw.post(
         f"/api/identity/tenants/{other_tid}/identity-providers",
         json={"name": "dup", "issuer": idp.url, "client_id": "x", "domains": [domain]},
@@ -258,3 +289,161 @@ async def test_enterprise_sso_federation(stack: Stack, gw: httpx.AsyncClient, id
         data={"grant_type": "password", "username": f"bob@{domain}", "password": "bob-local-password"},
     )
     assert r.status_code == 403 and r.json()["code"] == "sso_required" and r.json()["idp_id"] == idp_id
+
+
+async def test_sso_return_to_login_code(stack: Stack, gw: httpx.AsyncClient, idp: EnterpriseIdP) -> None:
+    acme = await acme_tenant(gw, idp)
+    start = f"{stack.gateway_url}/api/identity/auth/sso/start"
+    email = f"dora@{acme.domain}"
+    async with httpx.AsyncClient(timeout=30) as c:
+        # Never an open redirect: other hosts, look-alikes, userinfo tricks, schemes, API paths, a loopback
+        # without its port are refused before anything is stored, with a stable code.
+        refused = [
+            "https://evil.example/",
+            "//evil.example/console",
+            "http://127.0.0.1.evil.example:8000/",
+            f"{stack.gateway_url}@evil.example/",
+            "http://127.0.0.1/cb",
+            "javascript:alert(1)",
+            f"{stack.gateway_url}/api/identity/me",
+            "/\\evil.example",
+        ]
+        for bad in refused:
+            r = await c.get(start, params={"email": email, "return_to": bad})
+            assert r.status_code == 400, (bad, r.status_code, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert r.json()["code"] == "invalid_return_to", bad
+        stored = "SELECT count(*) FROM sso_states WHERE return_to = ANY($1::text[])"
+        assert await stack.fetchval("identity", stored, refused) == 0
+        # The console and a loopback listener are fine.
+        for good in (f"{stack.gateway_url}/", "/?from=path", "http://127.0.0.1:45123/callback?cli_state=x"):
+            r = await c.get(start, params={"email": email, "return_to": good})
+            assert r.status_code == 302 and r.headers["location"].startswith(f"{idp.url}/oauth/authorize?"), good
+
+    # A login with return_to comes back there with a single-use code, not the tokens.
+    await idp.user(email)
+    console = f"{stack.gateway_url}/?sso=n0nce"
+    r = await sso_login(stack.gateway_url, email, return_to=console)
+    assert r.status_code == 302, r.text
+    callback_url, back = r.extensions["callback_url"], r.headers["location"]
+    assert back.startswith(f"{console}&login_code=slc_"), back
+    assert "access_token" not in back and "refresh_token" not in back
+    code = parse_qs(urlsplit(back).query)["login_code"][0]
+    async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as c:
+        r = await c.post("/api/identity/auth/token", data={"grant_type": "sso_login_code", "code": code})
+        assert r.status_code == 200, r.text
+        tokens = r.json()
+        assert tokens["link_method"] == "jit" and tokens["refresh_token"] and tokens["session_id"]
+        me = await c.get("/api/identity/me", headers={"Authorization": f"Bearer {tokens['access_token']}"})
+        assert me.status_code == 200 and me.json()["email"] == email and me.json()["tenant_id"] == acme.tenant_id
+        # Exactly once: a replay (or an unknown code) is invalid_grant, and opens no second session.
+        for attempt in (code, "slc_unknown"):
+            r = await c.post("/api/identity/auth/token", data={"grant_type": "sso_login_code", "code": attempt})
+            assert r.status_code == 400 and r.json()["code"] == "invalid_grant", r.text
+        sessions = (
+            "SELECT count(*) FROM sessions s JOIN users u USING (user_id) WHERE u.email = $1 AND s.method = 'sso'"
+        )
+        assert await stack.fetchval("identity", sessions, email) == 1
+        # The spent state, replayed, goes back to the console with an error instead of signing in again.
+        r = await c.get(callback_url)
+        assert r.status_code == 302, r.text
+        query = parse_qs(urlsplit(r.headers["location"]).query)
+        assert query["error"] == ["sso_state_invalid"] and "login_code" not in query
+
+    # A refusal (the IdP did not verify the email) goes back as error=<code>, never with a code.
+    mallory = f"mallory@{acme.domain}"
+    await idp.user(mallory, verified=False)
+    r = await sso_login(stack.gateway_url, mallory, return_to=console)
+    assert r.status_code == 302, r.text
+    query = parse_qs(urlsplit(r.headers["location"]).query)
+    assert query["error"] == ["email_not_verified"] and query["sso"] == ["n0nce"] and "login_code" not in query
+    assert query["error_description"][0]
+
+
+async def test_cli_login_sso(stack: Stack, gw: httpx.AsyncClient, idp: EnterpriseIdP, tmp_path: Path) -> None:
+    """`gpuaas login --sso` as a process: it prints the sign-in URL and listens on a loopback port; httpx
+    plays the browser (start → IdP form → callback → the CLI's listener), then the CLI has a session."""
+    acme = await acme_tenant(gw, idp)
+    email = f"erin@{acme.domain}"
+    await idp.user(email)
+    cli = Cli(stack, tmp_path / "config.json")
+    argv = ["--json", "login", "--sso", "--no-browser", "--email", email, "--timeout", "120"]
+    proc = await cli.spawn(*argv)
+    try:
+        assert proc.stderr is not None
+        printed: list[str] = []
+        while not any("/auth/sso/start?" in line for line in printed):
+            line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
+            assert line, f"the CLI printed no sign-in URL: {printed}"
+            printed.append(line)
+        url = next(line for line in printed if "/auth/sso/start?" in line).strip()
+        assert url.startswith(f"{stack.gateway_url}/api/identity/auth/sso/start?")
+        return_to = parse_qs(urlsplit(url).query)["return_to"][0]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/callback\?cli_state=[\w-]+", return_to), return_to
+        async with httpx.AsyncClient(timeout=30, follow_redirects=True) as browser:
+            form = await browser.get(url)  # the gateway redirects to the IdP's login form
+            assert form.status_code == 200 and str(form.url).startswith(f"{idp.url}/oauth/authorize"), form.text
+            done = await browser.post(
+                str(form.url).split("?", 1)[0], data={**hidden_fields(form.text), "email": email, "password": PASSWORD}
+            )
+        # IdP 303 → gateway callback 302 → the CLI's loopback listener, which says so.
+        assert done.status_code == 200 and "Signed in" in done.text, done.text
+        assert str(done.url).startswith(return_to.split("?", 1)[0]) and "login_code=slc_" in str(done.url)
+        hops = [str(h.url) for h in done.history]
+        assert any("/auth/sso/callback?" in h for h in hops), hops
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    result = json.loads(out)
+    assert result["signed_in"] == email and result["method"] == "sso" and result["link_method"] == "jit"
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["refresh_token"] and config["email"] == email
+    assert (tmp_path / "config.json").stat().st_mode & 0o077 == 0
+    me = await cli.json("whoami")
+    assert me["email"] == email and me["tenant_id"] == acme.tenant_id
+    # The code it used is spent; a personal-domain email has no SSO: a clear problem, exit 1.
+    rc, _, err_text = await cli("login", "--sso", "--no-browser", "--email", "someone@gmail.com", ok=False)
+    assert rc == 1 and "sso_not_configured" in err_text and "Traceback" not in err_text
+    used = (
+        "SELECT count(*) FROM sso_login_codes c JOIN users u USING (user_id) WHERE u.email = $1 AND used_at IS NOT NULL"
+    )
+    assert await stack.fetchval("identity", used, email) == 1
+
+
+async def test_console_sso_login(stack: Stack, gw: httpx.AsyncClient, idp: EnterpriseIdP) -> None:
+    """The console's Work account tab through the enterprise IdP in a real Chromium (web/console/tests/sso.e2e.mjs)."""
+    await console_served(stack, gw)
+    acme = await acme_tenant(gw, idp, name="ACME Okta")
+    email, refused = f"fay@{acme.domain}", f"gil@{acme.domain}"
+    await idp.user(email)
+    await idp.user(refused, verified=False)
+    result = await run_browser(
+        "sso.e2e.mjs",
+        {
+            "GATEWAY_URL": stack.gateway_url,
+            "SSO_EMAIL": email,
+            "SSO_PASSWORD": PASSWORD,
+            "REFUSED_EMAIL": refused,
+            "IDP_NAME": "ACME Okta",
+            "SCREENSHOT_DIR": str(stack.root / "console-screenshots"),
+            "SCREENSHOT_PREFIX": "sso-",
+        },
+        timeout_s=300,
+    )
+    assert result["landed"] == f"{stack.gateway_url}/#/allocations"
+    assert "email_not_verified" in result["refusal"]
+    assert len(result["screenshots"]) >= 5
+    # The browser's session is a real SSO session of the JIT-provisioned user, through this IdP.
+    session = result["session"]
+    rows = await stack.fetch(
+        "identity",
+        "SELECT s.method, s.idp_id, u.email, u.tenant_id FROM sessions s JOIN users u USING (user_id)"
+        " WHERE s.session_id = $1",
+        uuid.UUID(session["session_id"]),
+    )
+    assert len(rows) == 1 and rows[0]["method"] == "sso" and rows[0]["email"] == email
+    row = rows[0]
+    assert str(row["idp_id"]) == acme.idp_id and str(row["tenant_id"]) == acme.tenant_id
+    assert await stack.fetchval("identity", "SELECT count(*) FROM users WHERE email = $1", refused) == 0

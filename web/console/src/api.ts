@@ -97,6 +97,15 @@ export async function login(email: string, password: string): Promise<void> {
   adopt(body);
 }
 
+/** Finish an SSO login: exchange the single-use code the identity service handed back for a session. */
+export async function exchangeLoginCode(code: string): Promise<void> {
+  const form = new URLSearchParams({ grant_type: "sso_login_code", code });
+  const resp = await raw("POST", "/api/identity/auth/token", { body: form });
+  const body = (await parse(resp)) as Record<string, unknown>;
+  if (!resp.ok) throw new ApiError(resp.status, body as Problem);
+  adopt(body);
+}
+
 async function refresh(): Promise<void> {
   if (!session?.refresh_token) throw new ApiError(401, { code: "session_expired", detail: "Your session expired." });
   const form = new URLSearchParams({ grant_type: "refresh_token", refresh_token: session.refresh_token });

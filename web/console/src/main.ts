@@ -6,7 +6,7 @@ import { clear, h } from "./dom";
 import { allocationDetail, allocationList, allocationNew } from "./pages/allocations";
 import { appCatalog, deployWizard, instanceDetail, instanceList } from "./pages/apps";
 import { billing } from "./pages/billing";
-import { loginPage } from "./pages/login";
+import { completeSsoReturn, loginPage } from "./pages/login";
 import { auditLog, deadLetters, entitlements, hosts, artifacts } from "./pages/operator";
 import { keysAndVolumes } from "./pages/resources";
 import { terminalPage } from "./pages/terminal";
@@ -149,4 +149,4 @@ onSignedOut(() => {
   void render();
 });
 window.addEventListener("hashchange", () => void render());
-void render();
+void completeSsoReturn().finally(() => void render());

@@ -5,101 +5,46 @@
 //
 // Prints one JSON line {ok, steps, screenshots, consoleErrors, error}; exits 1 on any failure,
 // including any console error or uncaught page error that a step did not expect.
-import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { env, openBrowser } from "./browser.mjs";
 
-const env = (name, fallback) => {
-  const v = process.env[name] ?? fallback;
-  if (v === undefined) throw new Error(`${name} is not set`);
-  return v;
-};
 const BASE = env("GATEWAY_URL").replace(/\/$/, "");
 const USER = { email: env("USER_EMAIL"), password: env("USER_PASSWORD") };
 const ADMIN = { email: env("ADMIN_EMAIL"), password: env("ADMIN_PASSWORD") };
 const HOST_CLASS = env("HOST_CLASS", "");
 const APP_SLUG = env("APP_SLUG", "slurm-reference");
 const GPU_MODEL = env("GPU_MODEL", "");
-const SHOTS = env("SCREENSHOT_DIR", join(tmpdir(), "gpuaas-console-shots"));
-const TIMEOUT = Number(env("STEP_TIMEOUT_MS", "120000"));
-mkdirSync(SHOTS, { recursive: true });
+const MEMBER = { userId: env("MEMBER_USER_ID"), publicKey: env("MEMBER_PUBLIC_KEY") };
+const BUDGET_NAME = env("BUDGET_NAME");
 
-const steps = [];
-const screenshots = [];
-const consoleErrors = [];
-let expected = []; // regexes of console errors the current step causes on purpose (e.g. a 401)
+const b = await openBrowser();
+const { page, step, shot, checkA11y, heading, waitText } = b;
+const TIMEOUT = b.timeout;
 
-const profile = mkdtempSync(join(tmpdir(), "gpuaas-chromium-"));
-// A fresh profile (user data dir) per run.
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath: env("CHROMIUM", "/usr/bin/chromium"),
-  headless: true,
-  args: [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-  viewport: { width: 1280, height: 860 },
-});
-const page = context.pages()[0] ?? (await context.newPage());
-page.setDefaultTimeout(TIMEOUT);
-page.on("console", (msg) => {
-  if (msg.type() !== "error") return;
-  const text = msg.text();
-  if (expected.some((re) => re.test(text))) return;
-  consoleErrors.push({ url: page.url(), text });
-});
-page.on("pageerror", (err) => consoleErrors.push({ url: page.url(), text: `uncaught: ${err.message}` }));
-
-async function step(name, fn) {
-  const started = Date.now();
-  try {
-    await fn();
-    steps.push({ name, ok: true, ms: Date.now() - started });
-  } catch (err) {
-    steps.push({ name, ok: false, ms: Date.now() - started, error: String(err?.message ?? err).slice(0, 2000) });
-    await shot(`failed-${name}`).catch(() => null);
-    throw err;
-  } finally {
-    expected = [];
-  }
+/** Create a 1-GPU allocation through the form; its id. */
+async function createAllocation(name, screenshots) {
+  await page.goto(`${BASE}/#/allocations`);
+  await heading("Allocations");
+  await page.getByRole("link", { name: "New allocation" }).click();
+  await heading("New allocation");
+  await checkA11y("new allocation");
+  await page.getByLabel("Name", { exact: true }).fill(name);
+  await page.getByLabel("GPUs").fill("1");
+  if (GPU_MODEL) await page.getByLabel("GPU model").fill(GPU_MODEL);
+  if (HOST_CLASS) await page.getByLabel("Host class").fill(HOST_CLASS);
+  if (screenshots) await shot("allocation-create");
+  await page.getByRole("button", { name: "Create allocation" }).click();
+  await heading(name);
+  return page.url().split("/").pop();
 }
 
-async function shot(name) {
-  const file = join(SHOTS, `${String(screenshots.length + 1).padStart(2, "0")}-${name.replace(/[^\w-]+/g, "-")}.png`);
-  await page.screenshot({ path: file, fullPage: true });
-  screenshots.push(file);
-}
-
-/** Every form control on the page has an accessible name; the page has one h1 and a main landmark. */
-async function checkA11y(label) {
-  const problems = await page.evaluate(() => {
-    const out = [];
-    for (const el of document.querySelectorAll("input:not([type=hidden]), select, textarea, button")) {
-      if (el.closest(".xterm")) continue; // xterm's helper textarea is labelled by the terminal itself
-      const named =
-        el.getAttribute("aria-label") ||
-        el.getAttribute("aria-labelledby") ||
-        (el.id && document.querySelector(`label[for="${el.id}"]`)) ||
-        el.closest("label") ||
-        (el.tagName === "BUTTON" && el.textContent.trim());
-      if (!named) out.push(`${el.tagName.toLowerCase()}[name=${el.getAttribute("name")}] has no label`);
-    }
-    if (!document.querySelector("main")) out.push("no <main> landmark");
-    if (document.querySelectorAll("h1").length !== 1) out.push(`${document.querySelectorAll("h1").length} h1 elements`);
-    return out;
-  });
-  if (problems.length) throw new Error(`accessibility (${label}): ${problems.join("; ")}`);
-}
-
-async function heading(text) {
-  await page.getByRole("heading", { level: 1, name: text }).waitFor();
+/** Click an allocation action, see the console acknowledge it, then its live timeline entry succeed. */
+async function actAndSettle(button, what, phase) {
+  const done = `#timeline li[data-phase="${phase}"][data-status="succeeded"]`;
+  const before = await page.locator(done).count();
+  await button.click();
+  await page.getByRole("status").filter({ hasText: `${what}: requested.` }).waitFor();
+  await page.waitForFunction(([sel, n]) => document.querySelectorAll(sel).length > n, [done, before], { timeout: TIMEOUT });
+  await waitText("#alloc-status", /^active$/);
 }
 
 async function visit(hash, h1, name) {
@@ -123,16 +68,8 @@ async function signOut() {
   await heading("Sign in to GPUaaS");
 }
 
-async function waitText(locator, re, timeout = TIMEOUT) {
-  await page.waitForFunction(
-    ([sel, src]) => new RegExp(src).test(document.querySelector(sel)?.textContent ?? ""),
-    [locator, re.source],
-    { timeout, polling: 250 },
-  );
-}
-
-const result = { ok: false, steps, screenshots, consoleErrors, allocation: null, instance: null, cost: null };
-try {
+const result = { allocation: null, instance: null, cost: null };
+await b.run(result, async () => {
   await step("login page", async () => {
     await page.goto(BASE + "/");
     await heading("Sign in to GPUaaS");
@@ -148,7 +85,7 @@ try {
     await page.getByLabel("Work email").fill(USER.email);
     await page.getByRole("button", { name: "Continue" }).click();
     await page.getByText("No single sign-on is set up").waitFor();
-    expected = [/status of 401/];
+    b.expected = [/status of 401/];
     await page.getByLabel("Password").fill("wrong-password-123");
     await page.getByRole("button", { name: "Sign in" }).click();
     await page.getByRole("alert").filter({ hasText: "Wrong email or password" }).waitFor();
@@ -168,17 +105,7 @@ try {
   });
 
   await step("create an allocation", async () => {
-    await page.getByRole("link", { name: "New allocation" }).click();
-    await heading("New allocation");
-    await checkA11y("new allocation");
-    await page.getByLabel("Name", { exact: true }).fill("browser-e2e");
-    await page.getByLabel("GPUs").fill("1");
-    if (GPU_MODEL) await page.getByLabel("GPU model").fill(GPU_MODEL);
-    if (HOST_CLASS) await page.getByLabel("Host class").fill(HOST_CLASS);
-    await shot("allocation-create");
-    await page.getByRole("button", { name: "Create allocation" }).click();
-    await heading("browser-e2e");
-    result.allocation = page.url().split("/").pop();
+    result.allocation = await createAllocation("browser-e2e", true);
   });
 
   await step("timeline reaches active (live)", async () => {
@@ -198,6 +125,51 @@ try {
     await page.keyboard.type("echo console-$((6*7))-ok\n");
     await waitText(".xterm-rows", /console-42-ok/, 30000);
     await shot("terminal");
+  });
+
+  await step("restart the allocation", async () => {
+    await page.goto(`${BASE}/#/allocations/${result.allocation}`);
+    await waitText("#alloc-status", /^active$/);
+    await actAndSettle(page.getByRole("button", { name: "Restart" }), "Restart", "restart");
+    await shot("allocation-restarted");
+  });
+
+  await step("resize the allocation to 2 GPUs", async () => {
+    await page.getByLabel("New GPU count").fill("2");
+    await actAndSettle(page.getByRole("button", { name: "Resize" }), "Resize", "resize");
+    await waitText("#alloc-gpus", /^2 × /);
+    await shot("allocation-resized");
+  });
+
+  await step("grant a project member SSH access", async () => {
+    const ssh = page.locator("#ssh");
+    await ssh.getByLabel("Member user id").fill(MEMBER.userId);
+    await ssh.getByLabel("Their public key").fill(MEMBER.publicKey);
+    await ssh.getByRole("button", { name: "Grant access" }).click();
+    const row = ssh.locator("table tbody tr").filter({ hasText: MEMBER.userId });
+    await row.waitFor();
+    await row.locator("[data-status=active]").waitFor();
+    await checkA11y("allocation with a grant");
+    await shot("allocation-ssh-grant");
+  });
+
+  await step("create a volume and attach it", async () => {
+    await visit("/keys", "SSH keys and volumes", "keys-and-volumes-before");
+    await page.getByLabel("Volume name").fill("scratch");
+    await page.getByLabel("Size (GB)").fill("20");
+    await page.getByRole("button", { name: "Create volume" }).click();
+    await page.locator("table tbody tr").filter({ hasText: "scratch" }).waitFor();
+    await page.goto(`${BASE}/#/allocations/${result.allocation}`);
+    await waitText("#alloc-status", /^active$/);
+    const storage = page.locator("#storage");
+    await storage.getByLabel("Volume to attach").selectOption({ label: "scratch (20 GB, single_writer)" });
+    await storage.getByRole("button", { name: "Attach volume" }).click();
+    const row = storage.locator("table tbody tr").filter({ hasText: "scratch" });
+    await row.waitFor();
+    result.mountPath = ((await row.locator("code").textContent()) ?? "").trim();
+    if (!result.mountPath.startsWith("/")) throw new Error(`no mount path for the attached volume: ${result.mountPath}`);
+    await checkA11y("allocation with a volume");
+    await shot("allocation-volume-attached");
   });
 
   await step("app catalog", async () => {
@@ -236,6 +208,34 @@ try {
     await page.locator("#instance-events li").first().waitFor();
     await checkA11y("instance");
     await shot("instance-running");
+  });
+
+  await step("a second allocation for a worker", async () => {
+    result.worker = await createAllocation("browser-worker", false);
+    await waitText("#alloc-status", /^active$/);
+    await page.goto(`${BASE}/#/instances/${result.instance}`);
+    await waitText("#instance-status", /^running$/);
+  });
+
+  await step("add a worker", async () => {
+    const members = page.locator("table").filter({ has: page.getByRole("columnheader", { name: "Component" }) }).first();
+    await page.getByLabel("Allocation for the new worker").selectOption(result.worker);
+    await page.getByRole("button", { name: "Add worker" }).click();
+    await page.getByRole("status").filter({ hasText: "Add worker: requested." }).waitFor();
+    const row = members.locator("tbody tr").filter({ has: page.locator(`a[href="#/allocations/${result.worker}"]`) });
+    await row.waitFor();
+    await row.locator("[data-status=active]").waitFor();
+    await waitText("#instance-status", /^running$/);
+    await shot("instance-worker-added");
+  });
+
+  await step("remove the worker", async () => {
+    const row = page.locator("tbody tr").filter({ has: page.locator(`a[href="#/allocations/${result.worker}"]`) }).first();
+    await row.getByRole("button", { name: "Remove" }).click();
+    await page.getByRole("status").filter({ hasText: "Remove: requested." }).waitFor();
+    await row.filter({ hasText: "tombstone" }).waitFor();
+    await waitText("#instance-status", /^running$/);
+    await shot("instance-worker-removed");
   });
 
   await step("decommission the instance", async () => {
@@ -303,16 +303,17 @@ try {
     await page.locator("table tbody tr").first().waitFor();
     await visit("/billing", "Billing", "operator-billing");
     await page.getByRole("heading", { name: /Operator breakdown/ }).waitFor();
-    await signOut();
   });
 
-  if (consoleErrors.length) throw new Error(`console errors: ${JSON.stringify(consoleErrors).slice(0, 2000)}`);
-  result.ok = true;
-} catch (err) {
-  result.error = String(err?.message ?? err).slice(0, 3000);
-} finally {
-  await context.close().catch(() => null);
-  rmSync(profile, { recursive: true, force: true });
-}
-console.log(JSON.stringify(result));
-process.exit(result.ok ? 0 : 1);
+  await step("budgets: create one and see it listed", async () => {
+    await page.getByLabel("Budget name").fill(BUDGET_NAME);
+    await page.getByLabel("Limit").fill("250");
+    await page.getByRole("button", { name: "Create budget" }).click();
+    const row = page.locator("table tbody tr").filter({ hasText: BUDGET_NAME });
+    await row.waitFor();
+    if (!/250(\.0+)? USD/.test((await row.textContent()) ?? "")) throw new Error(`budget row: ${await row.textContent()}`);
+    await checkA11y("billing with a budget");
+    await shot("billing-budget");
+    await signOut();
+  });
+});

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from gpuaas.cli import sso as sso_flow
 from gpuaas.cli.config import Config, resolve_url
 from gpuaas.sdk import ApiError, Client
 
@@ -159,16 +160,27 @@ def login(
     email: Annotated[str | None, typer.Option(help="Your email")] = None,
     password: Annotated[str | None, typer.Option(envvar="GPUAAS_PASSWORD", help="Else prompted")] = None,
     sso: Annotated[bool, typer.Option(help="Single sign-on: discover your organisation's IdP and open it")] = False,
+    browser: Annotated[bool, typer.Option(help="Open the sign-in page in a browser (--sso)")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds --sso waits for the browser sign-in")] = 300,
 ) -> None:
-    """Sign in (password, or --sso for a work account with single sign-on)."""
+    """Sign in (password, or --sso for a work account with single sign-on in the browser)."""
     st = _state(ctx)
     email = email or typer.prompt("Email")
 
     async def go() -> dict[str, Any]:
         async with client(st, authenticated=False) as c:
             found = await c.request("GET", "/api/identity/auth/discover", params={"email": email}, authenticated=False)
-            if sso or (found.get("login") == "sso" and found.get("identity_provider", {}).get("enforce_sso")):
-                return {"discovery": found}
+            idp = found.get("identity_provider") or {}
+            if sso or idp.get("enforce_sso"):
+                if not idp:
+                    raise ApiError(
+                        422,
+                        {
+                            "code": "sso_not_configured",
+                            "detail": "no single sign-on is set up for this email's domain: use your password",
+                        },
+                    )
+                return await _sso_login(st, c, found, email, open_browser=browser, timeout_s=timeout)
             pw = password or typer.prompt("Password", hide_input=True)
             body = await c.request(
                 "POST",
@@ -176,34 +188,52 @@ def login(
                 data={"grant_type": "password", "username": email, "password": pw},
                 authenticated=False,
             )
-            st.config.url, st.config.email = st.url, email
-            st.config.access_token, st.config.refresh_token = body["access_token"], body.get("refresh_token")
-            st.config.save()
-            c.token = body["access_token"]
-            me = await c.request("GET", "/api/identity/me")
-            if not st.config.project_id:
-                st.config.project_id = next(
-                    (str(m["project_id"]) for m in me["memberships"] if m.get("project_id")), None
-                )
-                st.config.save()
-            return {"signed_in": email, "user_id": me["user_id"], "project_id": st.config.project_id, "url": st.url}
+            return await _signed_in(st, c, email, body)
 
     result = run(go())
-    if "discovery" in result:
-        found = result["discovery"]
-        idp = found.get("identity_provider")
-        if not idp:
-            err.print("[red]error:[/red] no single sign-on is set up for this email's domain: use your password.")
-            raise typer.Exit(1)
-        url = idp["sso_start_url"]
-        err.print(f"Work account of {found['tenant']['name']}: sign in with {idp['name']} at\n  {url}")
-        if not st.json:
+    emit(st, result, lambda r: out.print(f"Signed in as [bold]{r['signed_in']}[/bold] on {r['url']}"))
+
+
+async def _sso_login(
+    st: State, c: Client, found: dict[str, Any], email: str, *, open_browser: bool, timeout_s: float
+) -> dict[str, Any]:
+    """The browser flow: a loopback listener receives the single-use login code, exchanged here."""
+    idp = found["identity_provider"]
+    with sso_flow.LoopbackListener() as listener:
+        url = sso_flow.start_url(idp["sso_start_url"], email=email, return_to=listener.redirect_uri)
+        err.print(f"Work account of {found['tenant']['name']}: sign in with {idp['name']} in your browser:")
+        err.print(f"  {url}", highlight=False, soft_wrap=True)
+        err.print("Waiting for the sign-in to finish…")
+        if open_browser:
             import webbrowser
 
             webbrowser.open(url)
-        emit(st, found)
-        return
-    emit(st, result, lambda r: out.print(f"Signed in as [bold]{r['signed_in']}[/bold] on {r['url']}"))
+        back = await asyncio.to_thread(listener.wait, timeout_s)
+    if back.get("error"):
+        raise ApiError(401, {"code": back["error"], "detail": back.get("error_description") or "sign-in refused"})
+    body = await c.request(
+        "POST",
+        "/api/identity/auth/token",
+        data={"grant_type": "sso_login_code", "code": back.get("login_code", "")},
+        authenticated=False,
+    )
+    return {**await _signed_in(st, c, email, body), "method": "sso", "link_method": body.get("link_method")}
+
+
+async def _signed_in(st: State, c: Client, email: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Keep the session (config file, 0600) and select the first project when none is selected (another
+    user's selection is dropped)."""
+    if st.config.email and st.config.email.lower() != email.lower():
+        st.config.project_id = None
+    st.config.url, st.config.email = st.url, email
+    st.config.access_token, st.config.refresh_token = body["access_token"], body.get("refresh_token")
+    st.config.save()
+    c.token = body["access_token"]
+    me = await c.request("GET", "/api/identity/me")
+    if not st.config.project_id:
+        st.config.project_id = next((str(m["project_id"]) for m in me["memberships"] if m.get("project_id")), None)
+        st.config.save()
+    return {"signed_in": me["email"], "user_id": me["user_id"], "project_id": st.config.project_id, "url": st.url}
 
 
 @app.command()
@@ -544,11 +574,13 @@ def grants_add(ctx: typer.Context, allocation_id: str, user_id: str, public_key_
     emit(st, g, lambda g: out.print(f"Granted {g['user_id']} ({g['fingerprint']}): {g['status']}"))
 
 
-@grants_app.command("revoke")
-def grants_revoke(ctx: typer.Context, allocation_id: str, grant_id: str) -> None:
+@grants_app.command("remove")
+@grants_app.command("revoke", hidden=True)
+def grants_remove(ctx: typer.Context, allocation_id: str, grant_id: str) -> None:
+    """Revoke a grant: the key is removed from the allocation."""
     st = _state(ctx)
-    run(_call(st, "DELETE", f"{A}/allocations/{allocation_id}/ssh-grants/{grant_id}"))
-    emit(st, {"revoked": grant_id}, lambda _: out.print("Revoked."))
+    g = run(_call(st, "DELETE", f"{A}/allocations/{allocation_id}/ssh-grants/{grant_id}"))
+    emit(st, g, lambda g: out.print(f"Revoked {g['fingerprint']}: {g['status']}"))
 
 
 def _volume_rows(vs: list[dict[str, Any]]) -> Table:

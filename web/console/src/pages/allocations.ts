@@ -130,6 +130,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
   const timelineList = h("ol", { class: "timeline", id: "timeline", "aria-live": "polite", "aria-label": "Activity timeline" });
   const metrics = h("section", { "aria-labelledby": "h-metrics", id: "metrics" });
   const seen = new Set<number>();
+  let confirmingRelease = false;
 
   const act = async (what: string, path: string, body?: Obj) => {
     notice.textContent = `${what}…`;
@@ -156,7 +157,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
         h("dt", null, "Status"),
         h("dd", { id: "alloc-status" }, alloc.status),
         h("dt", null, "GPUs"),
-        h("dd", null, `${alloc.gpu_count} × ${alloc.gpu_model} (${alloc.shape})`, alloc.target_gpu_count ? ` → ${alloc.target_gpu_count}` : ""),
+        h("dd", { id: "alloc-gpus" }, `${alloc.gpu_count} × ${alloc.gpu_model} (${alloc.shape})`, alloc.target_gpu_count ? ` → ${alloc.target_gpu_count}` : ""),
         h("dt", null, "GPU indices"),
         h("dd", null, (alloc.gpu_indices ?? []).join(", ") || "—"),
         h("dt", null, "SSH"),
@@ -170,14 +171,15 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
       ),
     );
     const resizeInput = h("input", { type: "number", min: 1, max: 64, value: alloc.gpu_count, "aria-label": "New GPU count", class: "small" });
-    let confirming = false;
-    const release = h("button", { type: "button", class: "danger", id: "release" }, "Release");
+    // The confirmation outlives repaints (live updates redraw the actions while the user decides).
+    const release = h("button", { type: "button", class: "danger", id: "release" }, confirmingRelease ? "Confirm release" : "Release");
     release.addEventListener("click", () => {
-      if (!confirming) {
-        confirming = true;
+      if (!confirmingRelease) {
+        confirmingRelease = true;
         release.textContent = "Confirm release";
         return;
       }
+      confirmingRelease = false;
       void act("Release", "release");
     });
     clear(
@@ -242,15 +244,57 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
     );
   };
 
+  // Storage: what is attached (mount paths come from the project's volumes), attach and detach.
   const loadStorage = async () => {
+    const projectVols = await get<Obj[]>(`${A}/projects/${alloc.project_id}/volumes`).catch(() => [] as Obj[]);
+    const mountOf = (volumeId: string): string =>
+      projectVols.find((v) => v.volume_id === volumeId)?.attachments?.find((a: Obj) => a.allocation_id === id)?.mount_path ?? "—";
     const vols: Obj[] = alloc.volumes ?? [];
+    const attached = new Set(vols.map((v) => v.volume_id));
+    const attachable = projectVols.filter(
+      (v) => !attached.has(v.volume_id) && (v.status === "available" || (v.status === "attached" && v.access_mode === "multi_attach")),
+    );
+    const err = h("p", { class: "error", role: "alert", hidden: true });
+    const change = async (what: string, fn: () => Promise<unknown>) => {
+      err.hidden = true;
+      try {
+        await fn();
+        alloc = await get<Obj>(`${A}/allocations/${id}`);
+        paint();
+        await loadStorage();
+      } catch (ex) {
+        err.textContent = `${what} failed: ${describe(ex)}`;
+        err.hidden = false;
+      }
+    };
+    const pick = h("select", { id: "attach-volume" }, attachable.map((v) => h("option", { value: v.volume_id }, `${v.name} (${v.size_gb} GB, ${v.access_mode})`)));
+    const canChange = !["released", "releasing", "release_failed", "failed"].includes(alloc.status);
     clear(
       storage,
       h("h2", { id: "h-storage" }, "Storage"),
       table(
-        ["Volume", "Mount path", "After release"],
-        vols.map((v) => [v.name ?? v.volume_id, h("code", null, v.mount_path ?? "—"), v.after_release ?? (v.persist ? "kept" : "deleted")]),
+        ["Volume", "Mount path", "After release", ""],
+        vols.map((v) => [
+          v.name ?? v.volume_id,
+          h("code", null, mountOf(v.volume_id)),
+          v.after_release ?? (v.persist ? "kept" : "deleted"),
+          canChange
+            ? h("button", { type: "button", class: "secondary", onclick: () => change("Detach", () => del(`${A}/allocations/${id}/volumes/${v.volume_id}`)) }, `Detach ${v.name ?? ""}`.trim())
+            : "",
+        ]),
+        "Attached volumes",
       ),
+      canChange && attachable.length
+        ? h(
+            "div",
+            { class: "inline-form" },
+            field("Volume to attach", pick),
+            h("button", { type: "button", onclick: () => change("Attach", () => post(`${A}/allocations/${id}/volumes`, { volume_id: pick.value })) }, "Attach volume"),
+          )
+        : canChange
+          ? h("p", { class: "muted" }, "No other volume of this project can be attached. ", h("a", { href: "#/keys" }, "Create one"))
+          : null,
+      err,
     );
   };
 

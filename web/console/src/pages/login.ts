@@ -1,12 +1,50 @@
-import { anonymous, describe, login, ApiError } from "../api";
+import { anonymous, describe, exchangeLoginCode, login, ApiError } from "../api";
 import { type Obj } from "../context";
 import { clear, field, h } from "../dom";
 import { go } from "../main";
 
 type Tab = "work" | "personal";
 
+// Single sign-on: the browser leaves for the IdP with return_to = this console plus a random value kept
+// in sessionStorage; the identity service sends it back with `login_code` (single use) or `error`.
+const SSO_KEY = "gpuaas.sso-pending";
+let ssoError: string | null = null;
+
+function ssoStart(startUrl: string, email: string): string {
+  const nonce = crypto.randomUUID();
+  sessionStorage.setItem(SSO_KEY, nonce);
+  const back = new URL(location.pathname, location.origin);
+  back.searchParams.set("sso", nonce);
+  const url = new URL(startUrl, location.origin);
+  url.searchParams.set("email", email);
+  url.searchParams.set("return_to", back.toString());
+  return url.toString();
+}
+
+/** On load: finish an SSO login that came back to the console (exchange the code, store the session),
+ * or keep its error for the login page; either way the code and error leave the address bar. */
+export async function completeSsoReturn(): Promise<void> {
+  const q = new URLSearchParams(location.search);
+  if (!q.has("sso")) return;
+  const expected = sessionStorage.getItem(SSO_KEY);
+  sessionStorage.removeItem(SSO_KEY);
+  const code = q.get("login_code");
+  history.replaceState(null, "", `${location.pathname}#${code && !q.get("error") ? "/allocations" : "/login"}`);
+  if (!expected || q.get("sso") !== expected) {
+    ssoError = "This sign-in was not started from this browser: start it again. (sso_state_mismatch)";
+  } else if (q.get("error")) {
+    ssoError = `Single sign-on failed: ${q.get("error_description") || "the sign-in was refused"} (${q.get("error")})`;
+  } else if (code) {
+    try {
+      await exchangeLoginCode(code);
+    } catch (ex) {
+      ssoError = `Single sign-on failed: ${describe(ex)}`;
+    }
+  }
+}
+
 export async function loginPage(main: HTMLElement): Promise<void> {
-  let tab: Tab = (localStorage.getItem("gpuaas.login-tab") as Tab) || "work";
+  let tab: Tab = ssoError ? "work" : (localStorage.getItem("gpuaas.login-tab") as Tab) || "work";
   const panel = h("div", { role: "tabpanel", id: "login-panel" });
   const tabs: Record<Tab, HTMLButtonElement> = {
     work: h("button", { type: "button", role: "tab", id: "tab-work", "aria-controls": "login-panel" }, "Work account"),
@@ -49,6 +87,10 @@ function showError(box: HTMLElement, message: string | null): void {
 function workForm(panel: HTMLElement): void {
   const email = h("input", { type: "email", name: "email", autocomplete: "username", required: true });
   const err = errorBox();
+  if (ssoError) {
+    showError(err, ssoError);
+    ssoError = null;
+  }
   const result = h("div", { class: "discovery", "aria-live": "polite" });
   const form = h(
     "form",
@@ -87,7 +129,19 @@ function showDiscovery(box: HTMLElement, d: Obj, email: string): void {
     clear(
       box,
       h("p", { class: "found" }, `Work account of ${d.tenant?.name ?? "your organisation"}.`),
-      h("a", { class: "button primary", href: idp.sso_start_url, id: "sso-start" }, `Continue with ${idp.name}`),
+      h(
+        "a",
+        {
+          class: "button primary",
+          href: idp.sso_start_url,
+          id: "sso-start",
+          onclick: (e: Event) => {
+            e.preventDefault();
+            location.assign(ssoStart(idp.sso_start_url, email));
+          },
+        },
+        `Continue with ${idp.name}`,
+      ),
       idp.enforce_sso ? h("p", { class: "muted" }, "Your organisation requires single sign-on.") : null,
     );
     if (!idp.enforce_sso) {

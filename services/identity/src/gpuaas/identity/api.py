@@ -27,6 +27,7 @@ from gpuaas.kit.auth import CurrentPrincipal, Principal, bearer_token
 from gpuaas.kit.errors import Forbidden, Problem, Unauthorized, Unprocessable
 
 router = APIRouter()
+SSO_LOGIN_CODE_GRANT = "sso_login_code"
 SLUG = r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$"
 DOMAIN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+$"
 
@@ -319,7 +320,13 @@ async def discovery(request: Request) -> dict[str, Any]:
         "userinfo_endpoint": f"{issuer}/oauth/userinfo",
         "jwks_uri": f"{issuer}/.well-known/jwks.json",
         "end_session_endpoint": f"{issuer}/auth/logout",
-        "grant_types_supported": ["authorization_code", "refresh_token", "password", "client_credentials"],
+        "grant_types_supported": [
+            "authorization_code",
+            "refresh_token",
+            "password",
+            "client_credentials",
+            SSO_LOGIN_CODE_GRANT,
+        ],
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],
         "code_challenge_methods_supported": ["S256"],
@@ -346,7 +353,8 @@ async def token(
     code_verifier: Annotated[str | None, Form(max_length=200)] = None,
 ) -> Any:
     """The OAuth2 token endpoint: `password` (local users), `refresh_token` (rotating),
-    `client_credentials` (project service accounts; HTTP Basic or form), `authorization_code` (+PKCE)."""
+    `client_credentials` (project service accounts; HTTP Basic or form), `authorization_code` (+PKCE),
+    `sso_login_code` (the single-use `code` a finished SSO login handed to its `return_to`)."""
     kit = _kit(request)
     settings = kit.settings
     if grant_type == "password":
@@ -355,6 +363,10 @@ async def token(
         return await tokens.password_login(
             kit.sessions, settings, email=username, password=password, client=_client(request)
         )
+    if grant_type == SSO_LOGIN_CODE_GRANT:
+        if not code:
+            raise Unprocessable("code is required", code="invalid_request")
+        return await sso.exchange_login_code(kit.sessions, settings, code=code, client=_client(request))
     if grant_type == "refresh_token":
         if not refresh_token:
             raise Unprocessable("refresh_token is required", code="invalid_request")
@@ -415,6 +427,14 @@ async def sso_start(
     request: Request,
     idp_id: uuid.UUID | None = None,
     email: Annotated[EmailStr | None, Query()] = None,
+    return_to: Annotated[
+        str | None,
+        Query(
+            max_length=2000,
+            description="where the browser goes back with a single-use `login_code` (or `error`): a console "
+            "page of this platform or the CLI's loopback `http://127.0.0.1:<port>/...`; else 400 invalid_return_to",
+        ),
+    ] = None,
 ) -> Any:
     """Begin an enterprise SSO login (authorization code + PKCE): redirects to the tenant's IdP."""
     url = await sso.start(
@@ -423,19 +443,29 @@ async def sso_start(
         _metadata(request),
         idp_id=idp_id,
         email=str(email) if email else None,
+        return_to=return_to,
     )
     return RedirectResponse(url, status_code=302)
 
 
-@router.get("/auth/sso/callback", response_model=TokenResponse, response_model_exclude_none=True, tags=["auth"])
+@router.get(
+    "/auth/sso/callback",
+    response_model=TokenResponse,
+    response_model_exclude_none=True,
+    tags=["auth"],
+    responses={302: {"description": "back to the return_to with `login_code`, or `error` + `error_description`"}},
+)
 async def sso_callback(
     request: Request,
     state: Annotated[str, Query(max_length=200)],
     code: Annotated[str | None, Query(max_length=500)] = None,
     error: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Any:
-    """The IdP redirects here; the user is linked or provisioned (brokered linking) and signed in."""
-    return await sso.callback(
+    """The IdP redirects here; the user is linked or provisioned (brokered linking) and signed in: the
+    token pair as JSON, or (when the login started with a `return_to`) a 302 back there with a
+    single-use `login_code` for `POST /auth/token` (grant_type=sso_login_code), or `error` +
+    `error_description`."""
+    outcome = await sso.callback(
         _kit(request).sessions,
         _kit(request).settings,
         _metadata(request),
@@ -444,6 +474,9 @@ async def sso_callback(
         error=error,
         client=_client(request),
     )
+    if isinstance(outcome, sso.Redirect):
+        return RedirectResponse(outcome.url, status_code=302, headers={"Cache-Control": "no-store"})
+    return outcome
 
 
 def _authorize_params(values: dict[str, Any]) -> dict[str, str | None]:

@@ -215,6 +215,24 @@ sso_states = Table(
     _ts("created_at"),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     _ts("used_at", nullable=True),
+    # Where the browser goes back after the callback (the console, or the CLI's loopback listener),
+    # validated at start; None: the callback answers the token pair as JSON.
+    Column("return_to", Text),
+)
+
+# The outcome of a completed SSO login handed to `return_to`: a short-lived, single-use code that
+# `POST /auth/token` (grant_type=sso_login_code) exchanges for a session; never the tokens in a URL.
+sso_login_codes = Table(
+    "sso_login_codes",
+    metadata,
+    Column("code_hash", Text, primary_key=True),  # sha256 of the code; the code itself is never stored
+    Column("user_id", UUID(as_uuid=True), ForeignKey("users.user_id"), nullable=False),
+    Column("idp_id", UUID(as_uuid=True), ForeignKey("identity_providers.idp_id"), nullable=False),
+    Column("link_method", Text, nullable=False),
+    Column("return_to", Text, nullable=False),
+    _ts("created_at"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    _ts("used_at", nullable=True),
 )
 
 # Relying parties of this identity service acting as an OIDC provider (authorization code + PKCE).

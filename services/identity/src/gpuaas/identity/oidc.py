@@ -85,7 +85,9 @@ def login_form(params: dict[str, str | None], error: str | None = None, email: s
     )
     err = f'<p class="error" data-code="{html.escape(error)}">{html.escape(error)}</p>' if error else ""
     return (
-        "<!doctype html><html><head><meta charset=utf-8><title>Sign in</title></head><body>"
+        "<!doctype html><html><head><meta charset=utf-8><title>Sign in</title>"
+        # no favicon request (a 404 in the browser console of every sign-in)
+        '<link rel="icon" href="data:,"></head><body>'
         f'<h1>Sign in</h1>{err}<form method="post">{hidden}'
         f'<label>Email <input name="email" type="email" value="{html.escape(email)}" autocomplete="username"></label>'
         '<label>Password <input name="password" type="password" autocomplete="current-password"></label>'

@@ -19,6 +19,11 @@ class Settings(ServiceSettings):
     id_token_ttl_s: int = 300
     authorization_code_ttl_s: int = 60
     sso_state_ttl_s: int = 600
+    # The single-use code a completed SSO login hands to `return_to` lives this long.
+    sso_login_code_ttl_s: int = 60
+    # Origins besides public_url's that may receive an SSO result (a console served elsewhere).
+    # The CLI's loopback listener (http://127.0.0.1:<port>/...) is always allowed.
+    sso_return_origins: list[str] = []
     # Brute-force protection: per account (email) and per source address, over a sliding window.
     lockout_threshold: int = 5
     lockout_window_s: int = 900

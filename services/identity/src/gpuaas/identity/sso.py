@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 from authlib.common.security import generate_token
@@ -34,9 +35,17 @@ from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.enums import MembershipScope, Role
 from gpuaas.contracts.events import identity as ev
 from gpuaas.identity import service
-from gpuaas.identity.models import federated_identities, identity_providers, idp_domains, sso_states, tenants, users
+from gpuaas.identity.models import (
+    federated_identities,
+    identity_providers,
+    idp_domains,
+    sso_login_codes,
+    sso_states,
+    tenants,
+    users,
+)
 from gpuaas.identity.settings import Settings
-from gpuaas.identity.tokens import Client, now, open_session
+from gpuaas.identity.tokens import Client, new_secret, now, open_session, token_hash
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Problem, Unprocessable
@@ -47,6 +56,57 @@ JIT_ROLES = {Role.project_admin, Role.project_member, Role.viewer}
 
 class IdpError(Problem):
     status, code, title = 502, "idp_error", "Identity provider error"
+
+
+class InvalidReturnTo(Problem):
+    status, code, title = 400, "invalid_return_to", "Invalid return_to"
+
+
+@dataclass(frozen=True)
+class Redirect:
+    """The callback's answer when the login started with a `return_to`: send the browser there."""
+
+    url: str
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+def validate_return_to(settings: Settings, value: str) -> str:
+    """Where a finished SSO login may send the browser (never an open redirect):
+    - the platform's own origin (that of `public_url`, or one of `sso_return_origins`), outside `/api/`:
+      the console; a path alone (`/...`) means the platform's own origin;
+    - the CLI's loopback listener, `http://127.0.0.1:<port>/...` or `http://[::1]:<port>/...` (RFC 8252).
+    Anything else (another host, userinfo tricks, backslashes, other schemes, no explicit loopback port)
+    is refused with `invalid_return_to`."""
+    if not value or len(value) > 2000 or not value.isprintable() or "\\" in value:
+        raise InvalidReturnTo("return_to must be a plain URL")
+    if value.startswith("/") and not value.startswith("//"):
+        value = _origin(settings.public_url) + value
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        raise InvalidReturnTo("return_to has an invalid port") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+        raise InvalidReturnTo("return_to must be an http(s) URL without credentials")
+    allowed = {_origin(settings.public_url), *(_origin(o) for o in settings.sso_return_origins)}
+    if _origin(value) in allowed:
+        if parts.path == "/api" or parts.path.startswith("/api/"):
+            raise InvalidReturnTo("return_to must be a console page, not an API path")
+        return value
+    if parts.scheme == "http" and parts.hostname in ("127.0.0.1", "::1") and port is not None:
+        return value  # the CLI's loopback redirect
+    raise InvalidReturnTo("return_to must be this platform's console or a loopback (127.0.0.1) address")
+
+
+def _with_query(url: str, params: dict[str, str]) -> str:
+    """`url` with `params` set in its query (other parameters and the fragment kept)."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in params]
+    return urlunsplit(parts._replace(query=urlencode([*query, *params.items()])))
 
 
 def _state(row: Any, domains: list[str]) -> ev.IdentityProviderState:
@@ -224,8 +284,12 @@ async def start(
     *,
     idp_id: uuid.UUID | None,
     email: str | None,
+    return_to: str | None = None,
 ) -> str:
-    """Create a single-use state with a PKCE verifier and nonce; return the IdP authorization URL."""
+    """Create a single-use state with a PKCE verifier and nonce (and the validated `return_to`);
+    return the IdP authorization URL."""
+    if return_to is not None:
+        return_to = validate_return_to(settings, return_to)
     async with sessions_() as session:
         if idp_id is not None:
             idp = (
@@ -253,6 +317,7 @@ async def start(
                 nonce=nonce,
                 redirect_uri=redirect_uri,
                 expires_at=now() + timedelta(seconds=settings.sso_state_ttl_s),
+                return_to=return_to,
             )
         )
     query = {
@@ -279,34 +344,90 @@ async def callback(
     code: str | None,
     error: str | None,
     client: Client,
-) -> dict[str, Any]:
-    async with sessions_() as session, session.begin():
-        row = (
-            await session.execute(
-                select(
-                    sso_states.c.used_at,
-                    sso_states.c.expires_at,
-                    sso_states.c.code_verifier,
-                    sso_states.c.nonce,
-                    sso_states.c.redirect_uri,
-                    identity_providers.c.idp_id,
-                    identity_providers.c.tenant_id,
-                    identity_providers.c.issuer,
-                    identity_providers.c.client_id,
-                    identity_providers.c.client_secret,
-                    identity_providers.c.default_role,
-                )
-                .join(identity_providers, identity_providers.c.idp_id == sso_states.c.idp_id)
-                .where(sso_states.c.state == state)
-                .with_for_update(of=sso_states)
+) -> dict[str, Any] | Redirect:
+    """Finish the login. Without a `return_to` the answer is the token pair (JSON). With one, the
+    browser is sent back there with `login_code` (single use, short-lived; exchanged at
+    `POST /auth/token`, grant_type=sso_login_code), or with `error` (a stable code) and
+    `error_description` when the sign-in failed."""
+    return_to: str | None = None
+    try:
+        async with sessions_() as session, session.begin():
+            row, fresh = await _consume_state(session, state)
+        return_to = row.return_to
+        if not fresh:
+            raise _StateInvalid("the sign-in request was already used or has expired; start again")
+        if error or not code:
+            raise Problem(
+                f"the identity provider refused the sign-in: {error or 'no code'}", code="idp_denied", status=401
             )
-        ).first()
-        if row is None or row.used_at is not None or row.expires_at <= now():
-            raise Problem("the sign-in request is unknown, used or expired; start again", code="sso_state_invalid")
-        await session.execute(update(sso_states).where(sso_states.c.state == state).values(used_at=func.now()))
-    if error or not code:
-        raise Problem(f"the identity provider refused the sign-in: {error or 'no code'}", code="idp_denied", status=401)
+        user, method = await _sign_in(sessions_, settings, metadata, row, code)
+        if return_to is None:
+            async with sessions_() as session, session.begin():
+                outcome = await open_session(
+                    session, settings, user=user, method="sso", client=client, idp_id=row.idp_id
+                )
+            return {**outcome, "link_method": method}
+        login_code = new_secret("slc")
+        async with sessions_() as session, session.begin():
+            await session.execute(
+                insert(sso_login_codes).values(
+                    code_hash=token_hash(login_code),
+                    user_id=user.user_id,
+                    idp_id=row.idp_id,
+                    link_method=method,
+                    return_to=return_to,
+                    expires_at=now() + timedelta(seconds=settings.sso_login_code_ttl_s),
+                )
+            )
+        return Redirect(_with_query(return_to, {"login_code": login_code}))
+    except Problem as exc:
+        if return_to is None:
+            raise
+        return Redirect(_with_query(return_to, {"error": exc.code, "error_description": exc.detail}))
 
+
+class _StateInvalid(Problem):
+    status, code, title = 400, "sso_state_invalid", "Invalid sign-in state"
+
+
+async def _consume_state(session: AsyncSession, state: str) -> tuple[Any, bool]:
+    """Lock and spend the state row (single use): (row, whether it was fresh). A known but spent or
+    expired state with a return_to still tells where to send the browser back (validated at start)."""
+    row = (
+        await session.execute(
+            select(
+                sso_states.c.used_at,
+                sso_states.c.expires_at,
+                sso_states.c.code_verifier,
+                sso_states.c.nonce,
+                sso_states.c.redirect_uri,
+                sso_states.c.return_to,
+                identity_providers.c.idp_id,
+                identity_providers.c.tenant_id,
+                identity_providers.c.issuer,
+                identity_providers.c.client_id,
+                identity_providers.c.client_secret,
+                identity_providers.c.default_role,
+            )
+            .join(identity_providers, identity_providers.c.idp_id == sso_states.c.idp_id)
+            .where(sso_states.c.state == state)
+            .with_for_update(of=sso_states)
+        )
+    ).first()
+    spent = row is not None and (row.used_at is not None or row.expires_at <= now())
+    if row is None or (spent and row.return_to is None):
+        raise _StateInvalid("the sign-in request is unknown, used or expired; start again")
+    if spent:
+        return row, False
+    await session.execute(update(sso_states).where(sso_states.c.state == state).values(used_at=func.now()))
+    return row, True
+
+
+async def _sign_in(
+    sessions_: async_sessionmaker[AsyncSession], settings: Settings, metadata: IdpMetadata, row: Any, code: str
+) -> tuple[Any, str]:
+    """Exchange the IdP's code (outside any transaction), verify the ID token, then link or provision
+    the user (a refusal is audited and committed before it is raised)."""
     doc = await metadata.document(row.issuer)
     form = {
         "grant_type": "authorization_code",
@@ -327,12 +448,10 @@ async def callback(
     claims = await _verify_id_token(
         metadata, resp.json()["id_token"], issuer=row.issuer, client_id=row.client_id, nonce=row.nonce
     )
-
-    outcome: dict[str, Any] | None = None
     refusal: Problem | None = None
     async with sessions_() as session, session.begin():
         try:
-            user, method = await _link(session, row, claims)
+            return await _link(session, row, claims)
         except Problem as exc:  # refusals are audited: commit the record, then answer
             refusal = exc
             await audit.record(
@@ -347,13 +466,31 @@ async def callback(
                 after={"subject": claims.get("sub"), "email": claims.get("email")},
                 reason=exc.code,
             )
-        else:
-            outcome = await open_session(session, settings, user=user, method="sso", client=client, idp_id=row.idp_id)
-            outcome["link_method"] = method
-    if refusal is not None:
-        raise refusal
-    assert outcome is not None
-    return outcome
+    assert refusal is not None
+    raise refusal
+
+
+async def exchange_login_code(
+    sessions_: async_sessionmaker[AsyncSession], settings: Settings, *, code: str, client: Client
+) -> dict[str, Any]:
+    """`grant_type=sso_login_code`: the code a finished SSO login handed to return_to becomes a session,
+    exactly once (a second presentation, or an expired code, is `invalid_grant`)."""
+    async with sessions_() as session, session.begin():
+        row = (
+            await session.execute(
+                select(sso_login_codes).where(sso_login_codes.c.code_hash == token_hash(code)).with_for_update()
+            )
+        ).first()
+        if row is None or row.used_at is not None or row.expires_at <= now():
+            raise Problem("the login code is unknown, used or expired; sign in again", code="invalid_grant")
+        await session.execute(
+            update(sso_login_codes).where(sso_login_codes.c.code_hash == row.code_hash).values(used_at=func.now())
+        )
+        user = (await session.execute(select(users).where(users.c.user_id == row.user_id))).one()
+        if user.status != "active":
+            raise Forbidden("this account is disabled", code="account_disabled")
+        outcome = await open_session(session, settings, user=user, method="sso", client=client, idp_id=row.idp_id)
+    return {**outcome, "link_method": row.link_method}
 
 
 async def _verify_id_token(
