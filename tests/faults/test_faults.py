@@ -5,7 +5,10 @@
 - the broker stopped and started (Apache Kafka keeps its log) and SIGKILLed (log recovery);
 - the outbox relays losing the broker for a minute while the API keeps accepting work;
 - Postgres restarted (fast shutdown: every connection dropped);
-- the node-agent SIGKILLed in the middle of its provision tasks and of its release tasks.
+- the node-agent SIGKILLed in the middle of its provision tasks and of its release tasks;
+- catalog SIGKILLed in the middle of its own busiest flow, artifact promotion (`catalog_workload`);
+- app-runtime SIGKILLed in the middle of its own busiest flow, member operations run by a controller
+  (`app_workload`).
 
 Each test prints one line with its figures (run with -s to see them).
 """
@@ -14,19 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from gpuaas.catalog.testing import LocalRegistry, RegistryMissing
 from gpuaas.devstack.stack import Stack
 
+from .app_workload import AppOps, check_operations
+from .catalog_workload import Promotion, check_promotions
+from .conftest import eventually
 from .workload import Saga, check_invariants
 
 pytestmark = pytest.mark.e2e
 
-# Where in the saga each service is busiest (what it does then):
+# Where in the allocation saga each service is killed (what it does then). The saga is the busiest flow of
+# identity, allocations, metering, billing and the gateway; catalog and app_runtime are also killed in
+# their own busiest flows: test_sigkill_catalog_mid_promotion, test_sigkill_app_runtime_mid_member_operations.
 #   identity     creates: the audit records of every create flow into its store (consumer) + token checks
 #   allocations  creates: placement under row locks, provision tasks leased to the agent, outbox
 #   catalog      creates: its identity projection consumer (the saga touches nothing else of it)
@@ -160,3 +171,69 @@ async def test_node_agent_killed_mid_task(stack: Stack, saga: Saga, at: str) -> 
 
     figures = await run_with_fault(saga, at, fault, release_while=True)
     print(f"\nFAULT node-agent SIGKILL at {at}: {figures}")
+
+
+@pytest.fixture(scope="module")
+def registry(stack: Stack) -> Iterator[LocalRegistry]:
+    try:
+        reg = LocalRegistry(Path(tempfile.mkdtemp(prefix="registry-", dir=stack.root))).start()
+    except RegistryMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield reg
+    reg.stop()
+
+
+async def test_sigkill_catalog_mid_promotion(stack: Stack, gw: httpx.AsyncClient, registry: LocalRegistry) -> None:
+    """Catalog killed a third of the way through promoting six artifacts concurrently (register, manifest,
+    lint + smoke, staged, canary, active, manifest activated): every artifact ends active, each transition is
+    in catalog's history and in identity's audit store exactly once, and app-runtime's projection of the
+    manifests is final with each event applied once (`catalog_workload.check_promotions`)."""
+    p = Promotion(stack, gw, registry)
+    await p.setup()
+    pid = stack.pid("catalog")
+    t0 = time.monotonic()
+    promoting = asyncio.create_task(p.promote_all())
+    midway = asyncio.create_task(p.midway.wait())
+    await asyncio.wait([promoting, midway], return_when=asyncio.FIRST_COMPLETED)
+    if promoting.done():
+        promoting.result()  # a failure before the fault
+        raise AssertionError("the promotions finished before the fault: nothing was in flight")
+    await kill_and_restart(stack, "catalog")()
+    await promoting
+    figures = await check_promotions(p, timeout_s=180)
+    figures["seconds"] = round(time.monotonic() - t0, 1)
+    assert stack.pid("catalog") != pid, "the service was really killed and restarted"
+    print(f"\nFAULT sigkill catalog mid promotion: {figures}")
+
+
+async def test_sigkill_app_runtime_mid_member_operations(stack: Stack, saga: Saga) -> None:
+    """App-runtime killed while a controller (the SDK's ReconcileLoop, in this process) works through member
+    operations: adds and removes asked for by users, one claimed by a replica that never reports (its lease
+    must expire and be taken over), a remove asked for at the moment of the kill. Every operation succeeds
+    exactly once and the members and timeline agree (`app_workload.check_operations`); then the instance is
+    decommissioned and the allocations released, and the saga's invariants hold too."""
+    w = AppOps(saga)
+    await w.setup()
+    try:
+        await w.deploy()
+        pid = stack.pid("app_runtime")
+        t0 = time.monotonic()
+        ops = await w.start_batch()
+        first = ops["add worker a2"]
+        later = asyncio.create_task(w.remove_when_added(first, saga.allocations[2]))
+        await eventually(lambda: w.succeeded(first), 120, "the first add succeeded")
+        in_flight = [o for o, v in (await w.operations()).items() if o in w.requested and v["status"] != "succeeded"]
+        assert in_flight, "every operation finished before the fault"
+        await kill_and_restart(stack, "app_runtime")()
+        await later
+        await w.wait_all_succeeded()
+        figures = await check_operations(w, timeout_s=180)
+        figures["seconds"] = round(time.monotonic() - t0, 1)
+        assert stack.pid("app_runtime") != pid, "the service was really killed and restarted"
+        await w.decommission()
+    finally:
+        await w.close()
+    await saga.release_all()
+    await saga.wait_all("released", timeout_s=240)
+    figures["saga"] = await check_invariants(saga, timeout_s=180)
+    print(f"\nFAULT sigkill app_runtime mid member operations: {figures}")

@@ -50,11 +50,12 @@ async def call(
     json: Any = None,
     data: Any = None,
     params: Any = None,
+    headers: dict[str, str] | None = None,
     timeout_s: float = 180.0,
     stats: dict[str, int] | None = None,
 ) -> httpx.Response:
-    """One logical request, retried through a fault with the same Idempotency-Key."""
-    headers = {"Idempotency-Key": str(uuid.uuid4())} if method == "POST" else {}
+    """One logical request, retried through a fault with the same Idempotency-Key (and the same `headers`)."""
+    headers = {**(headers or {}), **({"Idempotency-Key": str(uuid.uuid4())} if method == "POST" else {})}
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:

@@ -7,9 +7,11 @@ import asyncio
 import uuid
 
 import pytest
+from sqlalchemy import func, select
 
 from gpuaas.contracts.events import identity as ev
 from gpuaas.kit.iam import apply_locally
+from gpuaas.kit.tables import outbox
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +48,29 @@ async def test_idempotency_key_replays_the_first_answer(world, flows) -> None:  
     second = await world.client.post("/artifacts", json={"ref": ref}, headers=headers)
     assert first.status_code == second.status_code == 201
     assert first.json()["artifact_id"] == second.json()["artifact_id"]
+
+
+async def test_a_check_result_run_twice_is_recorded_once(world, flows) -> None:  # type: ignore[no-untyped-def]
+    """A check request whose process died after its commit, before its response was stored, runs again when
+    the retry takes the stale Idempotency-Key reservation over: the same result must not be recorded twice
+    (found by tests/faults: catalog killed mid promotion). A different result is a new record."""
+    aid = (await flows.register((await flows.image()).ref))["artifact_id"]
+    body = {"name": "lint", "passed": True, "detail": "ci run 42"}
+    first = await world.client.post(f"/artifacts/{aid}/checks", json=body, headers=world.op)
+    again = await world.client.post(f"/artifacts/{aid}/checks", json=body, headers=world.op)
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json()  # the same version: nothing new was recorded
+    other = await world.client.post(f"/artifacts/{aid}/checks", json={**body, "detail": "ci run 43"}, headers=world.op)
+    assert other.status_code == 200 and other.json()["version"] == first.json()["version"] + 1
+    async with world.kit.sessions() as s:
+        audits = (
+            await s.execute(
+                select(func.count())
+                .select_from(outbox)
+                .where(outbox.c.aggregate_id == aid, outbox.c.event_type == "audit.recorded")
+            )
+        ).scalar_one()
+    assert audits == 3  # register, lint (once), lint again with another result
 
 
 async def test_service_account_reads_its_tenants_catalog(world, flows) -> None:  # type: ignore[no-untyped-def]

@@ -261,7 +261,11 @@ async def record_check(
     detail: str,
     system: bool = False,
 ) -> dict[str, Any]:
-    """Record a lint/smoke result (or, from the service itself, a content re-verification)."""
+    """Record a lint/smoke result (or, from the service itself, a content re-verification).
+
+    A recorded result that is already the latest one of its check (same outcome, same detail) is not
+    recorded again: a request run twice (its first response lost with a crashed process, the retry's
+    Idempotency-Key reservation taken over) leaves one record, one event and one audit entry."""
     await iam.authorize(session, principal, "catalog.artifact.promote")
     if name not in domain.RECORDABLE_CHECKS and not system:
         raise Unprocessable(f"checks that can be recorded: {', '.join(domain.RECORDABLE_CHECKS)}", code="check_unknown")
@@ -270,6 +274,9 @@ async def record_check(
         raise Conflict("the artifact is retired", code="artifact_retired")
     before = artifact_state(row)
     check = _check_dict(name, passed, detail)
+    latest = next((c for c in reversed(row.checks) if c["name"] == name), None)
+    if not system and latest is not None and (latest["passed"], latest["detail"]) == (passed, check["detail"]):
+        return artifact_view(row)
     await session.execute(
         update(artifacts)
         .where(artifacts.c.artifact_id == artifact_id)
