@@ -708,7 +708,9 @@ async def wait_instance(st: State, c: Client, instance_id: str, done: set[str], 
     deadline = time.monotonic() + timeout_s
     seen: set[int] = set()
     while True:
-        for e in await c.request("GET", f"{R}/instances/{instance_id}/events"):
+        after = max(seen, default=0)
+        events = await c.request("GET", f"{R}/instances/{instance_id}/events", params={"after": after})
+        for e in events["items"]:  # a page, like every app-runtime list
             if e["seq"] not in seen:
                 seen.add(e["seq"])
                 if not st.json:
