@@ -36,7 +36,7 @@ from gpuaas.kit.outbox import add_events
 from gpuaas.sdk import Client, Controller, OperationContext, ReconcileLoop
 
 from .conftest import eventually
-from .workload import Saga, call
+from .workload import Saga, call, response_lost
 
 AR = "/api/app-runtime"
 LEASE_S = 6  # the SDK heartbeats every LEASE_S / 3 s
@@ -265,9 +265,14 @@ class AppOps:
             op = str(r.json()["operation_id"])
         else:
             code = r.json().get("code")
-            assert stats and kind == "remove" and code in ("operation_in_flight", "member_tombstoned"), r.text
+            rerun_refused = bool(stats) and kind == "remove" and code in ("operation_in_flight", "member_tombstoned")
+            assert rerun_refused or response_lost(r), r.text
             ops = await self.operations()
-            found = [o for o, v in ops.items() if v["kind"] == "remove" and v["member_id"] == target["member_id"]]
+            found = [
+                o
+                for o, v in ops.items()
+                if o not in self.requested and v["kind"] == kind and all(v.get(k) == t for k, t in target.items())
+            ]
             assert len(found) == 1, found
             op = found[0]
             self.reran += 1

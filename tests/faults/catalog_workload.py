@@ -37,7 +37,7 @@ from gpuaas.catalog.testing import LocalRegistry
 from gpuaas.devstack.stack import SERVICES, Stack
 
 from .conftest import eventually
-from .workload import call
+from .workload import call, response_lost
 
 API = "/api/catalog"
 # The API steps of one artifact's promotion, in order (pushing the blob to the registry is not one).
@@ -157,7 +157,8 @@ class Promotion:
             body: dict[str, Any] = r.json()
         else:
             code = r.json().get("code")
-            assert stats and code in already and reread is not None, f"{what}: {r.status_code} {r.text[:300]}"
+            rerun_refused = bool(stats) and code in already  # ran again after a stale reservation: refused
+            assert (rerun_refused or response_lost(r)) and reread is not None, f"{what}: {r.status_code} {r.text[:300]}"
             body = await reread()
             self.reran[what] = self.reran.get(what, 0) + 1
         self.steps_done += 1

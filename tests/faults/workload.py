@@ -60,7 +60,7 @@ async def call(
     while True:
         try:
             r = await client.request(method, url, json=json, data=data, params=params, headers=headers)
-            if r.status_code in ok and not _in_progress(r):
+            if (r.status_code in ok and not _in_progress(r)) or response_lost(r):
                 return r
             if r.status_code not in RETRYABLE and not _in_progress(r):
                 raise ServerError(f"{method} {url} -> {r.status_code} {r.text[:500]}")
@@ -72,6 +72,12 @@ async def call(
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"{method} {url}: still failing ({what}) after {timeout_s}s")
         await asyncio.sleep(0.5)
+
+
+def response_lost(r: httpx.Response) -> bool:
+    """409 for a key whose first request committed its effect but died before answering (never re-run):
+    the caller reads the resource instead, as a client would."""
+    return r.status_code == 409 and "idempotency_request_committed" in r.text
 
 
 def _in_progress(r: httpx.Response) -> bool:
@@ -221,8 +227,8 @@ class Saga:
         """Fill the host with concurrent creates; `extra` more must be refused, none double-booked."""
         n = GPUS_PER_HOST // GPUS_PER_ALLOCATION + extra
 
-        async def one(i: int) -> httpx.Response:
-            return await call(
+        async def one(i: int) -> tuple[int, dict[str, Any]]:
+            r = await call(
                 self.client,
                 "POST",
                 f"/api/allocations/projects/{self.project}/allocations",
@@ -235,10 +241,18 @@ class Saga:
                 ok=(201, 409),
                 stats=self.retries,
             )
+            if not response_lost(r):
+                return r.status_code, r.json()
+            # Created, but the answer died with the process: find it, as a client would, by its name.
+            self.retries["response lost"] = self.retries.get("response lost", 0) + 1
+            listed = await call(self.client, "GET", f"/api/allocations/projects/{self.project}/allocations", ok=(200,))
+            mine = [a for a in listed.json() if a["name"] == f"ft-{i}"]
+            assert len(mine) == 1, f"ft-{i}: {mine}"
+            return 201, mine[0]
 
         results = await asyncio.gather(*[one(i) for i in range(n)])
-        created = [r.json()["allocation_id"] for r in results if r.status_code == 201]
-        refused = [r.json() for r in results if r.status_code == 409]
+        created = [body["allocation_id"] for status, body in results if status == 201]
+        refused = [body for status, body in results if status == 409]
         assert all(p.get("code") == "insufficient_capacity" for p in refused), refused
         assert len(created) == n - extra, f"{len(created)} created, {len(refused)} refused of {n}: {refused}"
         self.allocations += created

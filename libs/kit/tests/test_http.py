@@ -110,6 +110,49 @@ async def test_reservation_of_a_killed_request_is_taken_over_when_stale(app_clie
     assert await count_things(kit) == 2
 
 
+async def test_a_request_whose_effect_committed_is_never_run_again(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+    """The process dies after the request's transaction committed but before its response was stored: the
+    key's committed_at (written by that same transaction) makes every retry, however late, a 409
+    `idempotency_request_committed` instead of a second effect."""
+    client, kit = app_client
+    user = uuid.uuid4()
+    h = {"Authorization": f"Bearer {signer.token(user)}", "Idempotency-Key": "dies-after-commit"}
+    first = await client.post("/things", json={"name": "once"}, headers=h)
+    assert first.status_code == 201
+    async with kit.sessions() as s:
+        row = (
+            await s.execute(
+                text("SELECT committed_at IS NOT NULL FROM idempotency_keys WHERE principal = :p AND key = :k"),
+                {"p": str(user), "k": "dies-after-commit"},
+            )
+        ).one()
+    assert row[0], "the request's own transaction marked the key committed"
+    # What a SIGKILL between the commit and storing the response leaves, an hour later (past the takeover):
+    async with kit.sessions() as s, s.begin():
+        await s.execute(
+            text(
+                "UPDATE idempotency_keys SET status_code = NULL, response_body = NULL, "
+                "created_at = now() - interval '1 hour' WHERE principal = :p AND key = :k"
+            ),
+            {"p": str(user), "k": "dies-after-commit"},
+        )
+    retry = await client.post("/things", json={"name": "once"}, headers=h)
+    assert retry.status_code == 409 and retry.json()["code"] == "idempotency_request_committed", retry.text
+    assert await count_things(kit) == 1
+    # A request that only read (refused before writing) leaves no marker: its stale reservation is taken over.
+    h2 = {**h, "Idempotency-Key": "refused-then-died"}
+    refused = await client.post("/things", json={"name": "taken"}, headers=h2)
+    assert refused.status_code == 409
+    async with kit.sessions() as s:
+        marked = (
+            await s.execute(
+                text("SELECT committed_at FROM idempotency_keys WHERE principal = :p AND key = :k"),
+                {"p": str(user), "k": "refused-then-died"},
+            )
+        ).scalar_one()
+    assert marked is None
+
+
 async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> None:  # type: ignore[no-untyped-def]
     client, kit = app_client
     auth = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}"}

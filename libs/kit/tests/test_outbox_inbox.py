@@ -275,6 +275,57 @@ async def test_topic_prefix_isolates_deployments_on_one_broker(infra) -> None:
     assert [t for (t,) in inbox_topics] == [AUDIT], "the inbox records the logical topic name"
 
 
+async def test_batch_handler_gets_neighbouring_events_in_one_call_and_is_isolated_on_failure(infra) -> None:
+    """`Subscriptions.on_batch`: one call per run of fresh events (not one per event), in order; a failing
+    event sends the batch through the one-event-at-a-time path, where only the poisoned event is parked."""
+    run = uuid.uuid4().hex
+    calls: list[int] = []
+    subs = Subscriptions()
+
+    @subs.on_batch(AuditRecorded)
+    async def apply_many(session, events: list[AuditRecorded]) -> None:  # type: ignore[no-untyped-def]
+        ours = [e for e in events if e.data.service == run]
+        if not ours:
+            return
+        calls.append(len(ours))
+        if any(e.data.reason == "poison" for e in ours):
+            raise RuntimeError("poisoned")
+        for e in ours:
+            await session.execute(
+                text("INSERT INTO applied (event_id, subject, seq) VALUES (:e, :s, :q)"),
+                {"e": e.id, "s": e.subject, "q": e.data.after["seq"]},
+            )
+
+    with pytest.raises(ValueError):
+        subs.on(AuditRecorded)(apply_many)  # a batch handler is its type's only handler
+    prod_name, prod_url = await new_service_db(infra.admin_url, "prod")
+    cons_name, cons_url = await new_service_db(infra.admin_url, "cons")
+    await make_applied_table(cons_url, cons_name)
+    producer = build(prod_name, prod_url, infra.kafka_bootstrap, with_iam=False)
+    consumer = build(cons_name, cons_url, infra.kafka_bootstrap, with_iam=False, subscriptions=subs)
+
+    async def applied() -> int:
+        return (await fetch(cons_url, cons_name, "SELECT count(*) FROM applied"))[0][0]
+
+    async with running(producer) as (_, pkit), running(consumer):
+        async with pkit.sessions() as s, s.begin():  # one subject: one partition, one ordered run
+            await add_events(s, [audit_event(run, "one-subject", i) for i in range(200)])
+        await wait_for(lambda: _eq(applied(), 200), 60, "all applied")
+        assert len(calls) < 200 and max(calls) > 1, f"batched calls expected, got {calls[:20]}"
+        calls.clear()
+        async with pkit.sessions() as s, s.begin():
+            await add_events(
+                s, [audit_event(run, "one-subject", 200 + i, reason="poison" if i == 3 else "") for i in range(6)]
+            )
+        await wait_for(lambda: _eq(applied(), 205), 60, "the five good events applied")
+    rows = await fetch(cons_url, cons_name, "SELECT seq FROM applied ORDER BY n")
+    assert [q for (q,) in rows] == [*range(203), 204, 205], "in order, the poisoned one left out"
+    parked = await fetch(cons_url, cons_name, "SELECT error, payload FROM dead_letters")
+    ours = [error for error, payload in parked if run.encode() in bytes(payload)]  # the topic is shared
+    assert len(ours) == 1 and "poisoned" in ours[0]
+    assert 1 in calls, "the isolation path called the batch handler one event at a time"
+
+
 async def test_only_one_relay_leads_per_schema(infra) -> None:
     from gpuaas.kit.kafka import make_producer
 

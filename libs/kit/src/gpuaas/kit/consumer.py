@@ -272,8 +272,7 @@ class EventConsumer:
                     self.metrics.events_duplicate.labels(self.logical(r.topic)).inc()
             try:
                 async with session.begin_nested():
-                    for _, event, handlers in fresh:
-                        await run_handlers(session, event, handlers)
+                    await self._run_batch(session, [(e, h) for _, e, h in fresh])
             except Exception as exc:  # some handler failed: isolate it event by event
                 log.info("batch_fast_path_failed", error=f"{type(exc).__name__}: {exc}", events=len(fresh))
                 for record, event, handlers in fresh:
@@ -281,6 +280,22 @@ class EventConsumer:
                 return
             for record, event, _ in fresh:
                 self.metrics.events_applied.labels(self.logical(record.topic), event.type).inc()
+
+    async def _run_batch(self, session: AsyncSession, events: list[tuple[Event, Sequence[Handler]]]) -> None:
+        """Every event's handlers in order; consecutive events taken by one batch handler go in one call."""
+        i = 0
+        while i < len(events):
+            event, handlers = events[i]
+            batch_fn = self.subs.batch.get(event.type)
+            if batch_fn is None:
+                await run_handlers(session, event, handlers)
+                i += 1
+                continue
+            j = i + 1
+            while j < len(events) and self.subs.batch.get(events[j][0].type) is batch_fn:
+                j += 1
+            await batch_fn(session, [e for e, _ in events[i:j]])
+            i = j
 
     async def _apply_isolated(
         self, session: AsyncSession, record: ConsumerRecord, event: Event, handlers: Sequence[Handler]

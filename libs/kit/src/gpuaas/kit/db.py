@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from sqlalchemy import MetaData
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import DeclarativeBase, Session
 
 # Stable constraint names, so Alembic migrations can refer to them.
 NAMING_CONVENTION = {
@@ -51,8 +51,12 @@ def create_engine(url: str, schema: str, *, pool_size: int = 10, app_name: str =
     )
 
 
+class ServiceSession(Session):
+    """The sync session under every AsyncSession of the kit: the class kit hooks attach events to."""
+
+
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    return async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+    return async_sessionmaker(engine, expire_on_commit=False, autoflush=False, sync_session_class=ServiceSession)
 
 
 @asynccontextmanager

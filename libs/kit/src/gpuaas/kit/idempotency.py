@@ -6,19 +6,27 @@ so the client may retry. Keys are scoped to the verified caller and kept at leas
 
 A reservation whose request never finished (the process was killed mid-request, so neither a
 response nor a 5xx release was recorded) is taken over by a retry once it is older than
-`RESERVATION_TIMEOUT`; until then the retry gets 409 `idempotency_request_in_progress`.
+`RESERVATION_TIMEOUT`; until then the retry gets 409 `idempotency_request_in_progress`. Unless its
+effect had committed: every transaction that writes during the request also sets the key's
+`committed_at`, in that same transaction (`install` hooks the service's sessions). A retry of such a
+request is never run again; it gets 409 `idempotency_request_committed` (the effect is there, only the
+response was lost: read the resource).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+from contextvars import ContextVar
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, event, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpuaas.kit.db import ServiceSession
 from gpuaas.kit.errors import Problem, problem_response
 from gpuaas.kit.http import header
 from gpuaas.kit.tables import idempotency_keys
@@ -28,6 +36,52 @@ TTL = timedelta(hours=24)
 PRUNE_PROBABILITY = 0.01
 # Longer than any request runs: an older reservation with no response belongs to a dead process.
 RESERVATION_TIMEOUT = timedelta(seconds=60)
+
+# (principal, key) of the idempotent request the current task is running, if any.
+_scope: ContextVar[tuple[str, str] | None] = ContextVar("idempotency_scope", default=None)
+
+
+def install(sync_sessions: type[Session] | sessionmaker[Any]) -> None:
+    """Hook a service's sessions so that a transaction which writes while an idempotent request runs
+    marks the key committed in that same transaction (the marker commits exactly when the effect does)."""
+
+    # (Not after_begin: an AsyncSession begins its connection inside the first execute, after do_orm_execute.)
+    @event.listens_for(sync_sessions, "after_commit")
+    @event.listens_for(sync_sessions, "after_rollback")
+    def _reset(session: Session) -> None:
+        session.info["idempotent_wrote"] = False
+
+    @event.listens_for(sync_sessions, "do_orm_execute")
+    def _note_write(state: Any) -> None:
+        if _writes(state):
+            state.session.info["idempotent_wrote"] = True
+
+    @event.listens_for(sync_sessions, "before_commit")
+    def _mark(session: Session) -> None:
+        scope = _scope.get()
+        if scope is None or not session.info.get("idempotent_wrote"):
+            return
+        session.execute(
+            update(idempotency_keys)
+            .where(
+                idempotency_keys.c.principal == scope[0],
+                idempotency_keys.c.key == scope[1],
+                idempotency_keys.c.committed_at.is_(None),
+            )
+            .values(committed_at=func.now())
+        )
+
+
+install(ServiceSession)
+
+
+def _writes(state: Any) -> bool:
+    if state.is_insert or state.is_update or state.is_delete:
+        return True
+    if state.is_select:
+        return False
+    # text() statements: anything but a read counts as a write
+    return not str(state.statement).lstrip().upper().startswith(("SELECT", "SHOW", "SET ", "EXPLAIN"))
 
 
 class IdempotencyMiddleware:
@@ -70,6 +124,7 @@ class IdempotencyMiddleware:
                         idempotency_keys.c.key == key,
                         idempotency_keys.c.request_hash == digest,
                         idempotency_keys.c.status_code.is_(None),
+                        idempotency_keys.c.committed_at.is_(None),
                         idempotency_keys.c.created_at < func.now() - RESERVATION_TIMEOUT,
                     )
                     .values(created_at=func.now())
@@ -92,6 +147,14 @@ class IdempotencyMiddleware:
                     "idempotency_key_reused",
                     "Idempotency-Key reused",
                     "This Idempotency-Key was used with a different request.",
+                )
+            elif existing.status_code is None and existing.committed_at is not None:
+                resp = problem_response(
+                    409,
+                    "idempotency_request_committed",
+                    "Request already applied",
+                    "The request with this Idempotency-Key was applied, but its response was lost when the "
+                    "service stopped. Read the resource's current state instead of sending it again.",
                 )
             elif existing.status_code is None:
                 resp = problem_response(
@@ -119,9 +182,11 @@ class IdempotencyMiddleware:
                 captured["body"] = captured["body"] + message.get("body", b"")  # type: ignore[operator]
             await send(message)
 
+        token = _scope.set((principal, key))
         try:
             await self.app(scope, replay_receive, capture)
         finally:
+            _scope.reset(token)
             status = int(captured["status"])  # type: ignore[arg-type]
             async with kit.sessions() as session, session.begin():
                 where = (idempotency_keys.c.principal == principal, idempotency_keys.c.key == key)

@@ -89,6 +89,8 @@ idempotency_keys = Table(
     Column("response_body", LargeBinary),
     Column("response_headers", JSONB),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Set by the request's own writing transaction (kit.idempotency.mark_committed): effect committed.
+    Column("committed_at", DateTime(timezone=True)),
     PrimaryKeyConstraint("principal", "key"),
 )
 

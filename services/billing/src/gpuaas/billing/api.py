@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import AwareDatetime, BaseModel, Field
 from sqlalchemy import func, select
 
-from gpuaas.billing import domain, service
+from gpuaas.billing import domain, rating, service
 from gpuaas.billing.models import budget_alerts, budgets, charges, prices, spend, statements
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.billing import PriceUnit
@@ -388,7 +388,7 @@ async def list_budgets(
         ).all()
         out = []
         for b in rows:
-            spent = await service._spent(session, tenant_id, b.project_id, start, b.currency)
+            spent = await rating.spent(session, tenant_id, b.project_id, start, b.currency)
             alerts = (
                 await session.execute(
                     select(budget_alerts.c.threshold_percent, budget_alerts.c.spent_amount, budget_alerts.c.crossed_at)

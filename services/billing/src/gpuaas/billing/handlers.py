@@ -1,11 +1,10 @@
-"""Billing's consumers: GPU usage records and app usage records, rated into the ledger once each."""
+"""Billing's consumers: GPU and app usage records, rated into the ledger once each, a batch at a time."""
 
 from __future__ import annotations
 
-from gpuaas.billing import service
+from gpuaas.billing import rating
 from gpuaas.contracts.events import usage as us
 from gpuaas.kit.subscriptions import Subscriptions
 
 subscriptions = Subscriptions()
-subscriptions.on(us.UsageRecorded)(service.receive_gpu_usage)
-subscriptions.on(us.AppUsageRecorded)(service.receive_app_usage)
+subscriptions.on_batch(us.UsageRecorded, us.AppUsageRecorded)(rating.receive_usage)

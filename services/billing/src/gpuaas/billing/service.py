@@ -10,274 +10,32 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaas.billing import domain
+from gpuaas.billing import domain, rating
 from gpuaas.billing.models import (
-    budget_alerts,
     budgets,
     charges,
     ledger_entries,
     ledger_transactions,
     periods,
     prices,
-    spend,
     statements,
     usage_received,
 )
-from gpuaas.contracts import Actor, Event, new_event_id
+from gpuaas.contracts import Event, new_event_id
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events import billing as bl
-from gpuaas.contracts.events import usage as us
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import Conflict, Problem, Unprocessable
+from gpuaas.kit.errors import Conflict, Unprocessable
 from gpuaas.kit.logging import get_logger
 from gpuaas.kit.outbox import add_events
 
 SERVICE = "billing"
-SYSTEM = Actor.system("billing")
 log = get_logger(__name__)
-
-
-# ------------------------------------------------------------------------------------------ usage
-
-
-async def receive_gpu_usage(session: AsyncSession, event: us.UsageRecorded) -> None:
-    d = event.data
-    await _receive(
-        session,
-        {
-            "usage_record_id": d.usage_record_id,
-            "usage_kind": "gpu",
-            "tenant_id": d.tenant_id,
-            "project_id": d.project_id,
-            "sku": domain.gpu_sku(d.gpu_model, str(d.shape)),
-            "unit": str(bl.PriceUnit.gpu_hour),
-            "raw_quantity": d.gpu_seconds,
-            "usage_start": d.window_start,
-            "usage_end": d.window_end,
-            "allocation_id": d.allocation_id,
-            "instance_id": None,
-            "app_slug": None,
-            "event_time": event.time,
-        },
-    )
-
-
-async def receive_app_usage(session: AsyncSession, event: us.AppUsageRecorded) -> None:
-    d = event.data
-    await _receive(
-        session,
-        {
-            "usage_record_id": d.app_usage_record_id,
-            "usage_kind": "app",
-            "tenant_id": d.tenant_id,
-            "project_id": d.project_id,
-            "sku": domain.app_sku(d.app_slug, str(d.unit)),
-            "unit": str(d.unit),
-            "raw_quantity": d.quantity,
-            "usage_start": d.occurred_at,
-            "usage_end": d.occurred_at,
-            "allocation_id": None,
-            "instance_id": d.instance_id,
-            "app_slug": d.app_slug,
-            "event_time": event.time,
-        },
-    )
-
-
-async def _receive(session: AsyncSession, usage: dict[str, Any]) -> None:
-    """Record the usage once; rate it now if its SKU has a price for that time, else keep it unrated."""
-    fresh = (
-        await session.execute(
-            pg_insert(usage_received)
-            .values(**usage, status="unrated")
-            .on_conflict_do_nothing()
-            .returning(usage_received.c.usage_record_id)
-        )
-    ).first()
-    if fresh is None:
-        return  # already received (a re-published record): charged at most once
-    price = await _price_at(session, usage["sku"], usage["usage_start"])
-    if price is None:
-        log.warning("usage_unrated_no_price", sku=usage["sku"], usage_record_id=str(usage["usage_record_id"]))
-        return
-    await _post_charge(session, usage, price)
-
-
-async def _price_at(session: AsyncSession, sku: str, at: datetime) -> Any:
-    return (
-        await session.execute(
-            select(prices)
-            .where(
-                prices.c.sku == sku,
-                prices.c.effective_from <= at,
-                or_(prices.c.effective_to.is_(None), prices.c.effective_to > at),
-            )
-            .order_by(prices.c.effective_from.desc())
-            .limit(1)
-        )
-    ).first()
-
-
-async def _period_for(session: AsyncSession, tenant_id: uuid.UUID, usage_start: datetime) -> datetime:
-    """The open period a charge counts in; held FOR SHARE so a statement cannot close under it."""
-    for start in (domain.month_start(usage_start), domain.month_start(datetime.now(UTC))):
-        await session.execute(
-            pg_insert(periods).values(tenant_id=tenant_id, period_start=start).on_conflict_do_nothing()
-        )
-        row = (
-            await session.execute(
-                select(periods.c.status)
-                .where(periods.c.tenant_id == tenant_id, periods.c.period_start == start)
-                .with_for_update(read=True)
-            )
-        ).one()
-        if row.status == "open":
-            return start
-    raise Problem("the current billing period is closed", code="period_closed", status=409)
-
-
-async def _post_charge(session: AsyncSession, usage: dict[str, Any], price: Any) -> None:
-    rated = domain.rate(price.unit, Decimal(usage["raw_quantity"]), Decimal(price.unit_price))
-    tenant_id, project_id = usage["tenant_id"], usage["project_id"]
-    period_start = await _period_for(session, tenant_id, usage["usage_start"])
-    transaction_id, charge_id, posted_at = new_event_id(), new_event_id(), datetime.now(UTC)
-    await session.execute(
-        insert(ledger_transactions).values(
-            transaction_id=transaction_id,
-            usage_record_id=usage["usage_record_id"],
-            tenant_id=tenant_id,
-            currency=price.currency,
-            memo=f"{usage['usage_kind']} usage {usage['usage_record_id']} at {price.sku}",
-            posted_at=posted_at,
-        )
-    )
-    await session.execute(
-        insert(ledger_entries),
-        [
-            {
-                "entry_id": new_event_id(),
-                "transaction_id": transaction_id,
-                "account": account,
-                "side": side,
-                "amount": amount,
-                "currency": price.currency,
-            }
-            for account, side, amount in domain.postings(tenant_id, price.sku, rated.amount)
-        ],
-    )
-    values = {
-        "charge_id": charge_id,
-        "transaction_id": transaction_id,
-        "usage_record_id": usage["usage_record_id"],
-        "usage_kind": usage["usage_kind"],
-        "tenant_id": tenant_id,
-        "project_id": project_id,
-        "sku": price.sku,
-        "price_id": price.price_id,
-        "quantity": rated.quantity,
-        "unit": price.unit,
-        "unit_price": price.unit_price,
-        "amount": rated.amount,
-        "currency": price.currency,
-        "allocation_id": usage["allocation_id"],
-        "instance_id": usage["instance_id"],
-        "app_slug": usage["app_slug"],
-        "usage_start": usage["usage_start"],
-        "usage_end": usage["usage_end"],
-        "period_start": period_start,
-        "posted_at": posted_at,
-    }
-    await session.execute(insert(charges).values(**values))
-    await session.execute(
-        update(usage_received)
-        .where(usage_received.c.usage_record_id == usage["usage_record_id"])
-        .values(status="rated")
-    )
-    column = "gpu_amount" if usage["usage_kind"] == "gpu" else "app_amount"
-    stmt = pg_insert(spend).values(
-        tenant_id=tenant_id,
-        project_id=project_id,
-        period_start=period_start,
-        currency=price.currency,
-        **{column: rated.amount},
-    )
-    await session.execute(
-        stmt.on_conflict_do_update(
-            constraint="pk_spend", set_={column: getattr(spend.c, column) + stmt.excluded[column]}
-        )
-    )
-    charge = bl.ChargeState(
-        **{k: v for k, v in values.items() if k not in ("transaction_id",)},
-        transaction_id=transaction_id,
-    )
-    events: list[Event] = [bl.ChargePosted.build(data=charge, source=SERVICE, actor=SYSTEM)]
-    events += await _budget_alerts(session, tenant_id, project_id, period_start, price.currency)
-    await add_events(session, events)
-
-
-async def _spent(
-    session: AsyncSession, tenant_id: uuid.UUID, project_id: uuid.UUID | None, period_start: datetime, currency: str
-) -> Decimal:
-    q = select(func.coalesce(func.sum(spend.c.gpu_amount + spend.c.app_amount), 0)).where(
-        spend.c.tenant_id == tenant_id, spend.c.period_start == period_start, spend.c.currency == currency
-    )
-    if project_id is not None:
-        q = q.where(spend.c.project_id == project_id)
-    return Decimal((await session.execute(q)).scalar_one())
-
-
-async def _budget_alerts(
-    session: AsyncSession, tenant_id: uuid.UUID, project_id: uuid.UUID, period_start: datetime, currency: str
-) -> list[Event]:
-    rows = (
-        await session.execute(
-            select(budgets).where(
-                budgets.c.tenant_id == tenant_id,
-                budgets.c.currency == currency,
-                or_(budgets.c.project_id.is_(None), budgets.c.project_id == project_id),
-            )
-        )
-    ).all()
-    events: list[Event] = []
-    for b in rows:
-        spent = await _spent(session, tenant_id, b.project_id, period_start, currency)
-        for t in domain.reached_thresholds(Decimal(b.limit_amount), spent, list(b.thresholds)):
-            crossed_at = datetime.now(UTC)
-            new = (
-                await session.execute(
-                    pg_insert(budget_alerts)
-                    .values(
-                        budget_id=b.budget_id,
-                        period_start=period_start,
-                        threshold_percent=t,
-                        spent_amount=spent,
-                        crossed_at=crossed_at,
-                    )
-                    .on_conflict_do_nothing()
-                    .returning(budget_alerts.c.budget_id)
-                )
-            ).first()
-            if new is None:
-                continue
-            data = bl.BudgetThreshold(
-                budget_id=b.budget_id,
-                tenant_id=tenant_id,
-                project_id=b.project_id,
-                period_start=period_start,
-                period_end=domain.next_month(period_start),
-                limit_amount=b.limit_amount,
-                spent_amount=spent,
-                currency=currency,
-                threshold_percent=t,
-                crossed_at=crossed_at,
-            )
-            events.append(bl.BudgetThresholdCrossed.build(data=data, source=SERVICE, actor=SYSTEM))
-    return events
 
 
 # ----------------------------------------------------------------------------------------- prices
@@ -372,8 +130,7 @@ async def publish_price(
             .with_for_update(skip_locked=True)
         )
     ).all()
-    for u in waiting:
-        await _post_charge(session, dict(u._mapping), price)
+    await rating.post_charges(session, [(dict(u._mapping), price) for u in waiting])
     return {**state.model_dump(), "rated_waiting_usage": len(waiting)}
 
 
@@ -434,45 +191,9 @@ async def create_budget(
     )
     # Spend already in this period may have crossed thresholds: alert now rather than at the next charge.
     period = domain.month_start(datetime.now(UTC))
-    events = await _budget_alerts_for(session, row, period)
+    events = await rating.alerts_for(session, row, period)
     await add_events(session, events)
     return dict(row._mapping)
-
-
-async def _budget_alerts_for(session: AsyncSession, b: Any, period_start: datetime) -> list[Event]:
-    spent = await _spent(session, b.tenant_id, b.project_id, period_start, b.currency)
-    events: list[Event] = []
-    for t in domain.reached_thresholds(Decimal(b.limit_amount), spent, list(b.thresholds)):
-        now = datetime.now(UTC)
-        new = (
-            await session.execute(
-                pg_insert(budget_alerts)
-                .values(
-                    budget_id=b.budget_id,
-                    period_start=period_start,
-                    threshold_percent=t,
-                    spent_amount=spent,
-                    crossed_at=now,
-                )
-                .on_conflict_do_nothing()
-                .returning(budget_alerts.c.budget_id)
-            )
-        ).first()
-        if new is not None:
-            data = bl.BudgetThreshold(
-                budget_id=b.budget_id,
-                tenant_id=b.tenant_id,
-                project_id=b.project_id,
-                period_start=period_start,
-                period_end=domain.next_month(period_start),
-                limit_amount=b.limit_amount,
-                spent_amount=spent,
-                currency=b.currency,
-                threshold_percent=t,
-                crossed_at=now,
-            )
-            events.append(bl.BudgetThresholdCrossed.build(data=data, source=SERVICE, actor=SYSTEM))
-    return events
 
 
 # ------------------------------------------------------------------------------------- statements
