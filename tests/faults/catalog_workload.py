@@ -120,6 +120,7 @@ class Promotion:
                 f"{API}/artifacts/{aid}/checks",
                 json={"name": name, "passed": True, "detail": f"{name} passed (run {self.run}, artifact {i})"},
                 ok=200,
+                reread=lambda name=name: self._artifact_with_check(aid, name),
             )
         for to in ("staged", "canary", "active"):
             art = await self._step(
@@ -132,8 +133,14 @@ class Promotion:
                 already=("version_mismatch",),
                 reread=lambda to=to: self._artifact_in(aid, to),
             )
+        mid = item["manifest_id"]
         await self._step(
-            "activate", "POST", f"{API}/manifests/{item['manifest_id']}/activate", json={"reason": "promoted"}, ok=200
+            "activate",
+            "POST",
+            f"{API}/manifests/{mid}/activate",
+            json={"reason": "promoted"},
+            ok=200,
+            reread=lambda: self._manifest_active(mid),
         )
 
     async def _step(
@@ -160,7 +167,8 @@ class Promotion:
             rerun_refused = bool(stats) and code in already  # ran again after a stale reservation: refused
             assert (rerun_refused or response_lost(r)) and reread is not None, f"{what}: {r.status_code} {r.text[:300]}"
             body = await reread()
-            self.reran[what] = self.reran.get(what, 0) + 1
+            key = f"{what} (response lost)" if response_lost(r) else what
+            self.reran[key] = self.reran.get(key, 0) + 1
         self.steps_done += 1
         if self.steps_done >= self.kill_after:
             self.midway.set()
@@ -176,6 +184,16 @@ class Promotion:
         r = await call(self.gw, "GET", f"{API}/apps/{slug}", ok=(200,))
         assert len(r.json()) == 1, r.json()
         return r.json()[0]  # type: ignore[no-any-return]
+
+    async def _artifact_with_check(self, aid: str, name: str) -> dict[str, Any]:
+        r = await call(self.gw, "GET", f"{API}/artifacts/{aid}", ok=(200,))
+        assert any(c["name"] == name and c["passed"] for c in r.json()["checks"]), r.json()["checks"]
+        return r.json()  # type: ignore[no-any-return]
+
+    async def _manifest_active(self, mid: str) -> dict[str, Any]:
+        r = await call(self.gw, "GET", f"{API}/manifests/{mid}", ok=(200,))
+        assert r.json()["active"] is True, r.json()
+        return r.json()  # type: ignore[no-any-return]
 
     async def _artifact_in(self, aid: str, state: str) -> dict[str, Any]:
         r = await call(self.gw, "GET", f"{API}/artifacts/{aid}", ok=(200,))
