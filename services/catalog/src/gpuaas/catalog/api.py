@@ -16,8 +16,9 @@ from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.catalog import ArtifactKind, ArtifactLifecycle
 from gpuaas.kit import iam
 from gpuaas.kit.auth import CurrentPrincipal, Principal
-from gpuaas.kit.errors import NotFound, Problem, Unprocessable
+from gpuaas.kit.errors import NotFound, Problem
 from gpuaas.kit.iam import require
+from gpuaas.kit.versioning import expected_version
 
 router = APIRouter()
 SLUG = domain.SLUG_PATTERN
@@ -183,15 +184,6 @@ def _trust_problem(exc: TrustError) -> Problem:
     return Problem(exc.detail, code=exc.code, status=exc.status, title=title)
 
 
-def _if_match(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value.strip().strip("W/").strip('"'))
-    except ValueError:
-        raise Unprocessable('If-Match must carry the resource version, e.g. "3"', code="if_match_invalid") from None
-
-
 async def _authorized(request: Request, principal: Principal, action: str) -> None:
     async with _kit(request).sessions() as session:
         await iam.authorize(session, principal, action)
@@ -353,7 +345,7 @@ async def transition_artifact(
     """Promote, roll back (canary → staged), deprecate or retire. Moving towards production
     (staged, canary, active) re-verifies the content in the registry first: altered content is refused."""
     await _authorized(request, principal, "catalog.artifact.promote")
-    expected = _if_match(if_match)
+    expected = expected_version(if_match)
     reverified = None
     if body.to in (ArtifactLifecycle.staged, ArtifactLifecycle.canary, ArtifactLifecycle.active):
         art = await _get_artifact(request, artifact_id)
@@ -478,7 +470,7 @@ async def activate(
     if_match: Annotated[str | None, Header()] = None,
 ) -> Any:
     """Offer the version to entitled tenants; refused unless its artifact is active."""
-    expected = _if_match(if_match)
+    expected = expected_version(if_match)
     return await _manifest_change(
         request,
         manifest_id,
@@ -501,7 +493,7 @@ async def deactivate(
     body: Reason | None = None,
     if_match: Annotated[str | None, Header()] = None,
 ) -> Any:
-    expected = _if_match(if_match)
+    expected = expected_version(if_match)
     return await _manifest_change(
         request,
         manifest_id,

@@ -21,9 +21,10 @@ from gpuaas.contracts.enums import MembershipScope
 from gpuaas.contracts.events import catalog as ev
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import Conflict, NotFound, PreconditionFailed, Unprocessable
+from gpuaas.kit.errors import Conflict, NotFound, Unprocessable
 from gpuaas.kit.outbox import add_event
 from gpuaas.kit.tables import iam_memberships, iam_tenants, iam_users
+from gpuaas.kit.versioning import check_version
 
 SERVICE = "catalog"
 L = ev.ArtifactLifecycle
@@ -131,14 +132,6 @@ async def _manifest_for_update(session: AsyncSession, manifest_id: uuid.UUID) ->
     if row is None:
         raise NotFound("app manifest not found", code="manifest_not_found")
     return row
-
-
-def _expect_version(row_version: int, expected: int | None) -> None:
-    if expected is not None and expected != row_version:
-        raise PreconditionFailed(
-            f"the resource is at version {row_version}, not {expected}; re-read it and retry",
-            code="version_mismatch",
-        )
 
 
 async def instances_using(session: AsyncSession, digest: str) -> int:
@@ -312,7 +305,7 @@ async def transition_artifact(
     """Move an artifact in its lifecycle through the gates; deprecating it deprecates its manifests."""
     await iam.authorize(session, principal, "catalog.artifact.promote")
     row = await _artifact_for_update(session, artifact_id)
-    _expect_version(row.version, expected_version)
+    check_version(row.version, expected_version)
     current = ev.ArtifactLifecycle(row.state)
     tenants = list(dict.fromkeys(canary_tenants or [])) if target is L.canary else []
     if target is L.canary:
@@ -463,7 +456,7 @@ async def set_manifest_active(
 ) -> dict[str, Any]:
     await iam.authorize(session, principal, "catalog.app.register")
     row = await _manifest_for_update(session, manifest_id)
-    _expect_version(row.revision, expected_revision)
+    check_version(row.revision, expected_revision)
     if active:
         if row.deprecated:
             raise Conflict("a deprecated manifest cannot be activated again", code="manifest_deprecated")
