@@ -1,0 +1,128 @@
+"""Allocations use cases. Each runs in the caller's ONE transaction: state + outbox events + audit.
+
+The caller (api.py, handlers.py, the reconciler) owns the transaction; nothing here commits or
+talks to the network. Agent work is queued as rows of `agent_tasks` in the same transaction as the
+state change that needs it, so a crash never leaves a state without its task or a task without
+its state.
+
+One module per area; this package re-exports the use cases, so callers write `service.create_allocation(...)`:
+
+- `common`: the service's actor and clock, allocation rows with their volumes, versioned updates,
+  checked transitions, timeline entries, agent task queueing, `load_allocation` (authorized read)
+- `hosts`: operators' host management · `agents`: the node agent's registration and heartbeats
+- `agent_tasks`: the agents' task queue and the outcome of each task kind
+- `placement`: free capacity and GPU reservation · `quotas`: project GPU quotas
+- `lifecycle`: create, list, restart, resize, release · `timeline`: reading the timeline
+- `access`: SSH keys and grants, authorized keys, terminal access · `volumes`: storage
+"""
+
+from gpuaas.allocations.service.access import (
+    SYNCABLE,
+    add_ssh_key,
+    apply_access_grant,
+    authorized_keys,
+    create_grant,
+    delete_ssh_key,
+    grant_state,
+    list_grants,
+    list_ssh_keys,
+    revoke_grant,
+    ssh_key_allowed_for_terminal,
+    sync_keys,
+)
+from gpuaas.allocations.service.agent_tasks import claim_tasks, complete_task, report_progress, requeue_expired_tasks
+from gpuaas.allocations.service.agents import heartbeat, host_by_token, mark_lost_hosts, register_agent
+from gpuaas.allocations.service.common import SERVICE, SYSTEM, alloc_state, load_allocation, now
+from gpuaas.allocations.service.hosts import (
+    cordon_host,
+    enrol_host,
+    enrol_host_unchecked,
+    get_host,
+    hash_token,
+    host_state,
+    list_hosts,
+    rotate_node_token,
+    uncordon_host,
+)
+from gpuaas.allocations.service.lifecycle import (
+    LIVE_MEMBER,
+    clearance_granted,
+    create_allocation,
+    enqueue_release,
+    list_allocations,
+    live_app_members,
+    overdue_clearances,
+    release_allocation,
+    resize_allocation,
+    restart_allocation,
+)
+from gpuaas.allocations.service.quotas import get_quota, set_quota
+from gpuaas.allocations.service.timeline import timeline_entries
+from gpuaas.allocations.service.volumes import (
+    attach_volume,
+    create_volume,
+    delete_volume,
+    detach_volume,
+    list_volumes,
+    load_volume,
+    volume_state,
+    volume_summaries,
+)
+
+__all__ = [
+    "LIVE_MEMBER",
+    "SERVICE",
+    "SYNCABLE",
+    "SYSTEM",
+    "add_ssh_key",
+    "alloc_state",
+    "apply_access_grant",
+    "attach_volume",
+    "authorized_keys",
+    "claim_tasks",
+    "clearance_granted",
+    "complete_task",
+    "cordon_host",
+    "create_allocation",
+    "create_grant",
+    "create_volume",
+    "delete_ssh_key",
+    "delete_volume",
+    "detach_volume",
+    "enqueue_release",
+    "enrol_host",
+    "enrol_host_unchecked",
+    "get_host",
+    "get_quota",
+    "grant_state",
+    "hash_token",
+    "heartbeat",
+    "host_by_token",
+    "host_state",
+    "list_allocations",
+    "list_grants",
+    "list_hosts",
+    "list_ssh_keys",
+    "list_volumes",
+    "live_app_members",
+    "load_allocation",
+    "load_volume",
+    "mark_lost_hosts",
+    "now",
+    "overdue_clearances",
+    "register_agent",
+    "release_allocation",
+    "report_progress",
+    "requeue_expired_tasks",
+    "resize_allocation",
+    "restart_allocation",
+    "revoke_grant",
+    "rotate_node_token",
+    "set_quota",
+    "ssh_key_allowed_for_terminal",
+    "sync_keys",
+    "timeline_entries",
+    "uncordon_host",
+    "volume_state",
+    "volume_summaries",
+]

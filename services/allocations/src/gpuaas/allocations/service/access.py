@@ -1,0 +1,404 @@
+"""SSH access to allocations: personal keys, grants to project members, app-runtime's controller
+keys, the authorized keys an agent installs, and who may open the browser terminal."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import and_, delete, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaas.allocations import domain
+from gpuaas.allocations.models import allocations, ssh_grants, ssh_keys
+from gpuaas.allocations.service.common import SERVICE, _enqueue, _timeline, load_allocation, now
+from gpuaas.contracts import Actor, new_event_id
+from gpuaas.contracts.enums import AllocationStatus as S
+from gpuaas.contracts.enums import MembershipScope
+from gpuaas.contracts.events import allocations as ev
+from gpuaas.contracts.events.allocations import SshGrantState
+from gpuaas.kit import audit, iam
+from gpuaas.kit.auth import Principal
+from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Unprocessable
+from gpuaas.kit.outbox import add_event
+from gpuaas.kit.tables import iam_memberships
+
+
+async def authorized_keys(session: AsyncSession, alloc: Any) -> list[str]:
+    """The owner's personal keys and the active grants' keys: what the agent installs."""
+    keys: list[str] = []
+    if alloc.owner_user_id:
+        keys += (
+            (
+                await session.execute(
+                    select(ssh_keys.c.public_key)
+                    .where(ssh_keys.c.user_id == alloc.owner_user_id)
+                    .order_by(ssh_keys.c.created_at)
+                )
+            )
+            .scalars()
+            .all()
+        )
+    keys += (
+        (
+            await session.execute(
+                select(ssh_grants.c.public_key)
+                .where(ssh_grants.c.allocation_id == alloc.allocation_id, ssh_grants.c.status == "active")
+                .order_by(ssh_grants.c.created_at)
+            )
+        )
+        .scalars()
+        .all()
+    )
+    return list(dict.fromkeys(keys))
+
+
+async def add_ssh_key(session: AsyncSession, principal: Principal, *, name: str, public_key: str) -> Any:
+    if principal.is_service_account:
+        raise Forbidden("personal SSH keys belong to users", code="users_only")
+    line, fp = domain.parse_public_key(public_key)
+    exists = (
+        await session.execute(
+            select(ssh_keys.c.key_id).where(ssh_keys.c.user_id == principal.subject, ssh_keys.c.fingerprint == fp)
+        )
+    ).first()
+    if exists:
+        raise Conflict("you already registered this key", code="ssh_key_exists", key_id=str(exists[0]))
+    key_id = new_event_id()
+    row = (
+        await session.execute(
+            insert(ssh_keys)
+            .values(key_id=key_id, user_id=principal.subject, name=name, public_key=line, fingerprint=fp)
+            .returning(*ssh_keys.c)
+        )
+    ).one()
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.ssh_key.add",
+        resource_type="ssh_key",
+        resource_id=key_id,
+        after={"name": name, "fingerprint": fp},
+    )
+    await _sync_owner_allocations(session, principal.subject)
+    return row
+
+
+async def list_ssh_keys(session: AsyncSession, principal: Principal) -> list[Any]:
+    return list(
+        (
+            await session.execute(
+                select(ssh_keys).where(ssh_keys.c.user_id == principal.subject).order_by(ssh_keys.c.created_at)
+            )
+        ).all()
+    )
+
+
+async def delete_ssh_key(session: AsyncSession, principal: Principal, key_id: uuid.UUID) -> None:
+    row = (
+        await session.execute(
+            delete(ssh_keys)
+            .where(ssh_keys.c.key_id == key_id, ssh_keys.c.user_id == principal.subject)
+            .returning(ssh_keys.c.fingerprint)
+        )
+    ).first()
+    if row is None:
+        raise NotFound("SSH key not found", code="ssh_key_not_found")
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.ssh_key.delete",
+        resource_type="ssh_key",
+        resource_id=key_id,
+        before={"fingerprint": row.fingerprint},
+    )
+    await _sync_owner_allocations(session, principal.subject)
+
+
+SYNCABLE = (S.provisioning, S.active, S.restarting, S.resizing)
+
+
+async def _sync_owner_allocations(session: AsyncSession, user_id: uuid.UUID) -> None:
+    rows = await session.execute(
+        select(allocations).where(allocations.c.owner_user_id == user_id, allocations.c.status.in_(SYNCABLE))
+    )
+    for row in rows.all():
+        await sync_keys(session, row)
+
+
+async def sync_keys(session: AsyncSession, alloc: Any) -> None:
+    if alloc.status not in SYNCABLE or alloc.host_id is None:
+        return
+    await _enqueue(
+        session,
+        alloc.host_id,
+        alloc.allocation_id,
+        "sync_ssh_keys",
+        {
+            "allocation_id": str(alloc.allocation_id),
+            "username": alloc.ssh_username,
+            "authorized_keys": await authorized_keys(session, alloc),
+        },
+    )
+
+
+def grant_state(row: Any) -> SshGrantState:
+    return SshGrantState.model_validate(dict(row._mapping))
+
+
+async def _is_project_member(
+    session: AsyncSession, user_id: uuid.UUID, tenant_id: uuid.UUID, project_id: uuid.UUID
+) -> bool:
+    row = (
+        await session.execute(
+            select(iam_memberships.c.membership_id)
+            .where(
+                iam_memberships.c.user_id == user_id,
+                iam_memberships.c.revoked.is_(False),
+                or_(
+                    and_(
+                        iam_memberships.c.scope == MembershipScope.project, iam_memberships.c.project_id == project_id
+                    ),
+                    and_(iam_memberships.c.scope == MembershipScope.tenant, iam_memberships.c.tenant_id == tenant_id),
+                ),
+            )
+            .limit(1)
+        )
+    ).first()
+    return row is not None
+
+
+async def create_grant(
+    session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, *, user_id: uuid.UUID, public_key: str
+) -> Any:
+    """The allocation's owner or a project admin gives another project member SSH access with the
+    member's own public key."""
+    alloc = await load_allocation(session, principal, alloc_id, "allocations.read", lock=True)
+    if alloc.owner_user_id != principal.subject:
+        await iam.authorize(session, principal, "allocations.ssh_grant.manage", project_id=alloc.project_id)
+    if alloc.status not in SYNCABLE:
+        raise Conflict(f"the allocation is {alloc.status}", code="allocation_not_active")
+    if not await _is_project_member(session, user_id, alloc.tenant_id, alloc.project_id):
+        raise Unprocessable("the grantee is not a member of the allocation's project", code="grantee_not_member")
+    line, fp = domain.parse_public_key(public_key)
+    dup = (
+        await session.execute(
+            select(ssh_grants.c.grant_id).where(
+                ssh_grants.c.allocation_id == alloc_id, ssh_grants.c.fingerprint == fp, ssh_grants.c.status == "active"
+            )
+        )
+    ).first()
+    if dup:
+        raise Conflict("this key already has an active grant on the allocation", code="ssh_grant_exists")
+    grant_id = new_event_id()
+    row = (
+        await session.execute(
+            insert(ssh_grants)
+            .values(
+                grant_id=grant_id,
+                allocation_id=alloc_id,
+                tenant_id=alloc.tenant_id,
+                project_id=alloc.project_id,
+                origin="user",
+                user_id=user_id,
+                public_key=line,
+                fingerprint=fp,
+                status="active",
+                granted_by=str(principal.subject),
+                created_at=now(),
+                version=1,
+            )
+            .returning(*ssh_grants.c)
+        )
+    ).one()
+    state = grant_state(row)
+    await add_event(session, ev.SshGrantCreated.build(data=state, source=SERVICE, actor=principal.actor))
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.ssh_grant.create",
+        resource_type="ssh_grant",
+        resource_id=grant_id,
+        tenant_id=alloc.tenant_id,
+        project_id=alloc.project_id,
+        after={"allocation_id": str(alloc_id), "user_id": str(user_id), "fingerprint": fp},
+    )
+    await _timeline(session, alloc_id, "access", "info", f"SSH access granted to user {user_id} ({fp})")
+    await sync_keys(session, alloc)
+    return row
+
+
+async def list_grants(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> list[Any]:
+    await load_allocation(session, principal, alloc_id, "allocations.read")
+    return list(
+        (
+            await session.execute(
+                select(ssh_grants).where(ssh_grants.c.allocation_id == alloc_id).order_by(ssh_grants.c.created_at)
+            )
+        ).all()
+    )
+
+
+async def revoke_grant(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, grant_id: uuid.UUID) -> Any:
+    alloc = await load_allocation(session, principal, alloc_id, "allocations.read", lock=True)
+    grant = (
+        await session.execute(
+            select(ssh_grants)
+            .where(ssh_grants.c.grant_id == grant_id, ssh_grants.c.allocation_id == alloc_id)
+            .with_for_update()
+        )
+    ).first()
+    if grant is None:
+        raise NotFound("grant not found", code="ssh_grant_not_found")
+    if alloc.owner_user_id != principal.subject and grant.user_id != principal.subject:
+        await iam.authorize(session, principal, "allocations.ssh_grant.manage", project_id=alloc.project_id)
+    if grant.origin != "user":
+        raise Conflict("this key belongs to an app instance; app-runtime revokes it", code="ssh_grant_managed")
+    if grant.status == "revoked":
+        return grant
+    row = await _revoke_grant_row(session, grant, principal.actor)
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.ssh_grant.revoke",
+        resource_type="ssh_grant",
+        resource_id=grant_id,
+        tenant_id=alloc.tenant_id,
+        project_id=alloc.project_id,
+        before={"status": "active"},
+        after={"status": "revoked"},
+    )
+    await sync_keys(session, alloc)
+    return row
+
+
+async def _revoke_grant_row(session: AsyncSession, grant: Any, actor: Actor) -> Any:
+    row = (
+        await session.execute(
+            update(ssh_grants)
+            .where(ssh_grants.c.grant_id == grant.grant_id)
+            .values(status="revoked", revoked_at=now(), version=ssh_grants.c.version + 1)
+            .returning(*ssh_grants.c)
+        )
+    ).one()
+    await add_event(session, ev.SshGrantRevoked.build(data=grant_state(row), source=SERVICE, actor=actor))
+    await _timeline(session, grant.allocation_id, "access", "info", f"SSH access revoked ({grant.fingerprint})")
+    return row
+
+
+async def apply_access_grant(session: AsyncSession, grant: Any, *, revoked: bool, actor: Actor) -> None:
+    """App-runtime's controller key (AccessGrantState) becomes SSH grants on the listed allocations
+    of the same project; allocations no longer listed (or a revoked grant) lose the key."""
+    wanted: set[uuid.UUID] = set() if revoked or grant.status == "revoked" else set(grant.allocation_ids)
+    existing = {
+        r.allocation_id: r
+        for r in (
+            await session.execute(
+                select(ssh_grants).where(ssh_grants.c.access_grant_id == grant.access_grant_id).with_for_update()
+            )
+        ).all()
+    }
+    touched: set[uuid.UUID] = set()
+    for alloc_id in wanted:
+        alloc = (
+            await session.execute(
+                select(allocations).where(
+                    allocations.c.allocation_id == alloc_id, allocations.c.project_id == grant.project_id
+                )
+            )
+        ).first()
+        if alloc is None or alloc.status not in SYNCABLE:
+            continue
+        cur = existing.get(alloc_id)
+        if cur is not None and cur.status == "active" and cur.public_key == grant.public_key:
+            continue
+        if cur is not None:
+            row = (
+                await session.execute(
+                    update(ssh_grants)
+                    .where(ssh_grants.c.grant_id == cur.grant_id)
+                    .values(
+                        status="active",
+                        revoked_at=None,
+                        public_key=grant.public_key,
+                        fingerprint=grant.fingerprint,
+                        version=ssh_grants.c.version + 1,
+                    )
+                    .returning(*ssh_grants.c)
+                )
+            ).one()
+        else:
+            row = (
+                await session.execute(
+                    insert(ssh_grants)
+                    .values(
+                        grant_id=new_event_id(),
+                        allocation_id=alloc_id,
+                        tenant_id=alloc.tenant_id,
+                        project_id=alloc.project_id,
+                        origin="app_access_grant",
+                        access_grant_id=grant.access_grant_id,
+                        public_key=grant.public_key,
+                        fingerprint=grant.fingerprint,
+                        status="active",
+                        granted_by=f"app-instance:{grant.instance_id}",
+                        created_at=now(),
+                        version=1,
+                    )
+                    .returning(*ssh_grants.c)
+                )
+            ).one()
+        await add_event(session, ev.SshGrantCreated.build(data=grant_state(row), source=SERVICE, actor=actor))
+        await audit.record(
+            session,
+            service=SERVICE,
+            actor=actor,
+            action="allocations.ssh_grant.create",
+            resource_type="ssh_grant",
+            resource_id=row.grant_id,
+            tenant_id=alloc.tenant_id,
+            project_id=alloc.project_id,
+            reason=f"app access grant {grant.access_grant_id}",
+            after={"allocation_id": str(alloc_id), "fingerprint": grant.fingerprint},
+        )
+        touched.add(alloc_id)
+    for alloc_id, cur in existing.items():
+        if alloc_id not in wanted and cur.status == "active":
+            row = await _revoke_grant_row(session, cur, actor)
+            await audit.record(
+                session,
+                service=SERVICE,
+                actor=actor,
+                action="allocations.ssh_grant.revoke",
+                resource_type="ssh_grant",
+                resource_id=row.grant_id,
+                tenant_id=row.tenant_id,
+                project_id=row.project_id,
+                reason=f"app access grant {grant.access_grant_id}",
+            )
+            touched.add(alloc_id)
+    for alloc_id in touched:
+        alloc = (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).one()
+        await sync_keys(session, alloc)
+
+
+async def ssh_key_allowed_for_terminal(session: AsyncSession, principal: Principal, alloc: Any) -> None:
+    """The terminal is SSH access: the owner, an active grantee, or a project admin."""
+    if alloc.owner_user_id == principal.subject:
+        return
+    grantee = (
+        await session.execute(
+            select(ssh_grants.c.grant_id).where(
+                ssh_grants.c.allocation_id == alloc.allocation_id,
+                ssh_grants.c.user_id == principal.subject,
+                ssh_grants.c.status == "active",
+            )
+        )
+    ).first()
+    if grantee:
+        return
+    await iam.authorize(session, principal, "allocations.ssh_grant.manage", project_id=alloc.project_id)

@@ -1,0 +1,241 @@
+"""The agents' task queue: lease, progress, completion, and each task kind's outcome applied once
+to its allocation."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments
+from gpuaas.allocations.service.common import SERVICE, SYSTEM, _free_capacity, _timeline, _transition, alloc_state, now
+from gpuaas.allocations.service.hosts import get_host
+from gpuaas.allocations.service.volumes import _detach_all
+from gpuaas.contracts.enums import AllocationStatus as S
+from gpuaas.contracts.events import allocations as ev
+from gpuaas.kit.errors import NotFound
+from gpuaas.kit.outbox import add_event
+
+
+async def claim_tasks(session: AsyncSession, host_id: uuid.UUID, *, lease_s: float, limit: int = 20) -> list[Any]:
+    """Lease the host's next pending tasks, in the order they were queued."""
+    pick = (
+        select(agent_tasks.c.task_id)
+        .where(agent_tasks.c.host_id == host_id, agent_tasks.c.status == "pending")
+        .order_by(agent_tasks.c.seq)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    rows = await session.execute(
+        update(agent_tasks)
+        .where(agent_tasks.c.task_id.in_(pick.scalar_subquery()))
+        .values(
+            status="leased",
+            lease_token=uuid.uuid4(),
+            lease_expires_at=now() + timedelta(seconds=lease_s),
+            attempts=agent_tasks.c.attempts + 1,
+        )
+        .returning(*agent_tasks.c)
+    )
+    return sorted(rows.all(), key=lambda r: r.seq)
+
+
+async def requeue_expired_tasks(session: AsyncSession) -> int:
+    res = await session.execute(
+        update(agent_tasks)
+        .where(agent_tasks.c.status == "leased", agent_tasks.c.lease_expires_at < now())
+        .values(status="pending", lease_token=None, lease_expires_at=None)
+    )
+    return res.rowcount or 0
+
+
+async def _task_for_host(session: AsyncSession, host_id: uuid.UUID, task_id: uuid.UUID) -> Any:
+    row = (
+        await session.execute(
+            select(agent_tasks)
+            .where(agent_tasks.c.task_id == task_id, agent_tasks.c.host_id == host_id)
+            .with_for_update()
+        )
+    ).first()
+    if row is None:
+        raise NotFound("task not found", code="task_not_found")
+    return row
+
+
+async def report_progress(
+    session: AsyncSession,
+    host_id: uuid.UUID,
+    task_id: uuid.UUID,
+    *,
+    phase: str,
+    status: str,
+    message: str,
+    started_at: datetime | None,
+    finished_at: datetime | None,
+    lease_s: float,
+) -> None:
+    task = await _task_for_host(session, host_id, task_id)
+    if task.status in ("succeeded", "failed"):
+        return
+    await session.execute(
+        update(agent_tasks)
+        .where(agent_tasks.c.task_id == task_id)
+        .values(lease_expires_at=now() + timedelta(seconds=lease_s))
+    )
+    if task.allocation_id:
+        await _timeline(
+            session,
+            task.allocation_id,
+            f"{task.kind}.{phase}",
+            status,
+            message,
+            task_id=task_id,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
+
+
+async def complete_task(
+    session: AsyncSession, host_id: uuid.UUID, task_id: uuid.UUID, *, ok: bool, message: str, result: dict[str, Any]
+) -> bool:
+    """Apply a task's outcome once; a repeated report (agent retry, journal replay) is a no-op."""
+    task = await _task_for_host(session, host_id, task_id)
+    if task.status in ("succeeded", "failed"):
+        return False
+    await session.execute(
+        update(agent_tasks)
+        .where(agent_tasks.c.task_id == task_id)
+        .values(
+            status="succeeded" if ok else "failed",
+            result=result,
+            error=None if ok else message,
+            finished_at=now(),
+            lease_token=None,
+            lease_expires_at=None,
+        )
+    )
+    if task.allocation_id is None:
+        return True
+    alloc = (
+        await session.execute(
+            select(allocations).where(allocations.c.allocation_id == task.allocation_id).with_for_update()
+        )
+    ).first()
+    if alloc is None:
+        return True
+    await _timeline(
+        session,
+        alloc.allocation_id,
+        task.kind,
+        "succeeded" if ok else "failed",
+        message or ("done" if ok else "failed"),
+        task_id=task_id,
+        started_at=task.created_at,
+    )
+    handler = _OUTCOMES.get(task.kind)
+    if handler is not None:
+        await handler(session, alloc, task, ok, message, result)
+    return True
+
+
+async def _on_provision(
+    session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
+) -> None:
+    if alloc.status != S.provisioning:
+        return
+    if ok:
+        host = await get_host(session, alloc.host_id)
+        t = now()
+        row = await _transition(
+            session,
+            alloc,
+            S.active,
+            activated_at=t,
+            ssh_host=result.get("ssh_host") or host.ssh_host,
+            ssh_port=result.get("ssh_port") or host.ssh_port,
+            failure_reason=None,
+        )
+        await add_event(session, ev.AllocationActivated.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+    else:
+        await _free_capacity(session, alloc.allocation_id)
+        await _detach_all(session, alloc.allocation_id, deleting=False)
+        row = await _transition(session, alloc, S.failed, failure_reason=message or "provisioning failed")
+        await add_event(session, ev.AllocationFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+
+
+async def _on_restart(
+    session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
+) -> None:
+    if alloc.status != S.restarting:
+        return
+    if ok:
+        row = await _transition(session, alloc, S.active, failure_reason=None)
+        await add_event(session, ev.AllocationRestarted.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+    else:
+        row = await _transition(session, alloc, S.active, failure_reason=f"restart failed: {message}")
+        await add_event(session, ev.AllocationRestartFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+
+
+async def _on_resize(
+    session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
+) -> None:
+    if alloc.status != S.resizing:
+        return
+    target = list(alloc.target_gpu_indices or [])
+    keep = target if ok else list(alloc.gpu_indices)
+    await session.execute(
+        delete(gpu_assignments).where(
+            gpu_assignments.c.allocation_id == alloc.allocation_id, gpu_assignments.c.gpu_index.notin_(keep)
+        )
+    )
+    if ok:
+        row = await _transition(
+            session,
+            alloc,
+            S.active,
+            gpu_count=len(target),
+            gpu_indices=target,
+            target_gpu_count=None,
+            target_gpu_indices=None,
+            failure_reason=None,
+        )
+        await add_event(session, ev.AllocationResized.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+    else:
+        row = await _transition(
+            session,
+            alloc,
+            S.active,
+            target_gpu_count=None,
+            target_gpu_indices=None,
+            failure_reason=f"resize failed: {message}",
+        )
+        await add_event(session, ev.AllocationResizeFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+
+
+async def _on_release(
+    session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
+) -> None:
+    if alloc.status != S.releasing:
+        return
+    if ok:
+        await _free_capacity(session, alloc.allocation_id)
+        await _detach_all(session, alloc.allocation_id, deleting=True)
+        row = await _transition(
+            session,
+            alloc,
+            S.released,
+            released_at=now(),
+            failure_reason=None,
+            target_gpu_count=None,
+            target_gpu_indices=None,
+        )
+        await add_event(session, ev.AllocationReleased.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+    else:
+        row = await _transition(session, alloc, S.release_failed, failure_reason=message or "release failed")
+        await add_event(session, ev.AllocationReleaseFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+
+
+_OUTCOMES = {"provision": _on_provision, "restart": _on_restart, "resize": _on_resize, "release": _on_release}

@@ -1,0 +1,169 @@
+"""The node agent's session with its host: node-token auth, (re)registration, heartbeats and
+hosts whose agent went silent (their allocations are flagged for attention)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaas.allocations.models import agent_tasks, allocations, hosts
+from gpuaas.allocations.service.common import SERVICE, SYSTEM, _timeline, _update_alloc, alloc_state, now
+from gpuaas.allocations.service.hosts import _update_host, hash_token, host_state
+from gpuaas.contracts.enums import AllocationStatus as S
+from gpuaas.contracts.events import allocations as ev
+from gpuaas.contracts.events.allocations import GpuDevice, HostState, HostStatus
+from gpuaas.kit import audit
+from gpuaas.kit.errors import Unauthorized
+from gpuaas.kit.outbox import add_event
+
+
+async def host_by_token(session: AsyncSession, token: str | None, *, lock: bool = False) -> Any:
+    if not token or not token.startswith("gpn_"):
+        raise Unauthorized("a node token is required", code="invalid_node_token")
+    q = select(hosts).where(hosts.c.node_token_hash == hash_token(token))
+    row = (await session.execute(q.with_for_update() if lock else q)).first()
+    if row is None or row.status == HostStatus.decommissioned:
+        raise Unauthorized("unknown or revoked node token", code="invalid_node_token")
+    return row
+
+
+async def register_agent(
+    session: AsyncSession,
+    token: str | None,
+    *,
+    agent_version: str,
+    gpus: list[GpuDevice],
+    inventory_source: str,
+    ssh_host: str,
+    ssh_port: int,
+) -> HostState:
+    """The agent (re)starts: inventory, endpoint; the host becomes `ready` (or returns from
+    `unreachable`). Tasks it had leased are handed out again at once: a restarted agent replays
+    its journal for the ones it had finished, so nothing is lost and nothing runs twice."""
+    host = await host_by_token(session, token, lock=True)
+    status = host.status
+    if status == HostStatus.enrolling:
+        status = HostStatus.ready
+    elif status == HostStatus.unreachable:
+        status = host.status_before_unreachable or HostStatus.ready
+    row = await _update_host(
+        session,
+        host.host_id,
+        status=status,
+        agent_version=agent_version,
+        inventory_source=inventory_source,
+        gpus=[g.model_dump(mode="json") for g in gpus],
+        ssh_host=ssh_host,
+        ssh_port=ssh_port,
+        last_heartbeat_at=now(),
+        status_before_unreachable=None,
+    )
+    await session.execute(
+        update(agent_tasks)
+        .where(agent_tasks.c.host_id == host.host_id, agent_tasks.c.status == "leased")
+        .values(status="pending", lease_token=None, lease_expires_at=None)
+    )
+    state = host_state(row)
+    await add_event(session, ev.HostUpdated.build(data=state, source=SERVICE, actor=SYSTEM))
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=SYSTEM,
+        action="allocations.host.register",
+        resource_type="host",
+        resource_id=host.host_id,
+        before={"status": host.status},
+        after={"status": status, "gpus": len(gpus), "agent_version": agent_version},
+    )
+    if host.status == HostStatus.unreachable:
+        await _set_attention_for_host(session, host.host_id, None)
+    return state
+
+
+async def heartbeat(session: AsyncSession, token: str | None) -> Any:
+    host = await host_by_token(session, token, lock=True)
+    if host.status == HostStatus.unreachable:
+        row = await _update_host(
+            session,
+            host.host_id,
+            status=host.status_before_unreachable or HostStatus.ready,
+            status_before_unreachable=None,
+            last_heartbeat_at=now(),
+        )
+        await add_event(session, ev.HostUpdated.build(data=host_state(row), source=SERVICE, actor=SYSTEM))
+        await audit.record(
+            session,
+            service=SERVICE,
+            actor=SYSTEM,
+            action="allocations.host.recovered",
+            resource_type="host",
+            resource_id=host.host_id,
+            before={"status": host.status},
+            after={"status": row.status},
+        )
+        await _set_attention_for_host(session, host.host_id, None)
+        return row
+    await session.execute(update(hosts).where(hosts.c.host_id == host.host_id).values(last_heartbeat_at=now()))
+    return host
+
+
+async def mark_lost_hosts(session: AsyncSession, *, timeout_s: float) -> list[uuid.UUID]:
+    """Hosts whose agent stopped heartbeating become `unreachable`; their allocations say so."""
+    cutoff = now() - timedelta(seconds=timeout_s)
+    rows = (
+        await session.execute(
+            select(hosts)
+            .where(
+                hosts.c.status.in_([HostStatus.ready, HostStatus.cordoned]),
+                hosts.c.last_heartbeat_at < cutoff,
+            )
+            .with_for_update(skip_locked=True)
+        )
+    ).all()
+    lost = []
+    for host in rows:
+        row = await _update_host(
+            session, host.host_id, status=HostStatus.unreachable, status_before_unreachable=host.status
+        )
+        await add_event(session, ev.HostHeartbeatLost.build(data=host_state(row), source=SERVICE, actor=SYSTEM))
+        await audit.record(
+            session,
+            service=SERVICE,
+            actor=SYSTEM,
+            action="allocations.host.heartbeat_lost",
+            resource_type="host",
+            resource_id=host.host_id,
+            before={"status": host.status},
+            after={"status": row.status},
+            reason=f"no heartbeat since {host.last_heartbeat_at}",
+        )
+        since = host.last_heartbeat_at.astimezone(UTC).isoformat(timespec="seconds")
+        await _set_attention_for_host(
+            session, host.host_id, f"host {host.name} is unreachable: its agent has not reported since {since}"
+        )
+        lost.append(host.host_id)
+    return lost
+
+
+async def _set_attention_for_host(session: AsyncSession, host_id: uuid.UUID, attention: str | None) -> None:
+    rows = await session.execute(
+        select(allocations.c.allocation_id)
+        .where(allocations.c.host_id == host_id, allocations.c.status.notin_([S.released, S.failed]))
+        .with_for_update()
+    )
+    for (alloc_id,) in rows:
+        row = await _update_alloc(session, alloc_id, attention=attention)
+        await add_event(
+            session, ev.AllocationAttentionChanged.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
+        )
+        await _timeline(
+            session,
+            alloc_id,
+            "host",
+            "failed" if attention else "succeeded",
+            attention or "the host's agent reports again",
+        )

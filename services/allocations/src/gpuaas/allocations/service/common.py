@@ -1,0 +1,173 @@
+"""Helpers every use case shares: the service's actor and clock, the allocation row with its volumes,
+versioned updates, checked status transitions, timeline entries and agent task queueing."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaas.allocations import domain
+from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments, timeline, volume_attachments
+from gpuaas.contracts import Actor, new_event_id
+from gpuaas.contracts.enums import AllocationStatus as S
+from gpuaas.contracts.events.allocations import AllocationState, SshEndpoint
+from gpuaas.kit import iam
+from gpuaas.kit.auth import Principal
+from gpuaas.kit.errors import NotFound
+
+SERVICE = "allocations"
+SYSTEM = Actor.system("allocations")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def alloc_state(row: Any) -> AllocationState:
+    endpoint = (
+        SshEndpoint(host=row.ssh_host, port=row.ssh_port, username=row.ssh_username)
+        if row.ssh_host and row.ssh_port and row.status not in (S.released, S.failed)
+        else None
+    )
+    return AllocationState(
+        allocation_id=row.allocation_id,
+        tenant_id=row.tenant_id,
+        project_id=row.project_id,
+        owner_user_id=row.owner_user_id,
+        name=row.name,
+        shape=row.shape,
+        gpu_model=row.gpu_model,
+        gpu_count=row.gpu_count,
+        gpu_indices=list(row.gpu_indices),
+        host_id=row.host_id,
+        host_class=row.host_class,
+        status=row.status,
+        status_changed_at=row.status_changed_at,
+        failure_reason=row.failure_reason,
+        target_gpu_count=row.target_gpu_count,
+        ssh_endpoint=endpoint,
+        volume_ids=list(getattr(row, "volume_ids", [])),
+        requested_at=row.requested_at,
+        activated_at=row.activated_at,
+        release_requested_at=row.release_requested_at,
+        billing_stopped_at=row.billing_stopped_at,
+        released_at=row.released_at,
+        release_attempts=row.release_attempts,
+        attention=row.attention,
+        version=row.version,
+    )
+
+
+class _Row(dict):  # type: ignore[type-arg]
+    """A row with the allocation's attached volume ids added (events carry them)."""
+
+    __getattr__ = dict.__getitem__
+
+
+async def _with_volumes(session: AsyncSession, row: Any) -> Any:
+    return (await _with_volumes_many(session, [row]))[0]
+
+
+async def _with_volumes_many(session: AsyncSession, rows: list[Any]) -> list[Any]:
+    """Each row with its attached volume ids (in attach order), in one query for the whole list."""
+    attached: dict[uuid.UUID, list[uuid.UUID]] = {r.allocation_id: [] for r in rows}
+    if rows:
+        result = await session.execute(
+            select(volume_attachments.c.allocation_id, volume_attachments.c.volume_id)
+            .where(volume_attachments.c.allocation_id.in_(list(attached)))
+            .order_by(volume_attachments.c.attached_at)
+        )
+        for alloc_id, volume_id in result.all():
+            attached[alloc_id].append(volume_id)
+    return [_Row({**r._mapping, "volume_ids": attached[r.allocation_id]}) for r in rows]
+
+
+async def _update_alloc(session: AsyncSession, alloc_id: uuid.UUID, **values: Any) -> Any:
+    row = (
+        await session.execute(
+            update(allocations)
+            .where(allocations.c.allocation_id == alloc_id)
+            .values(version=allocations.c.version + 1, **values)
+            .returning(*allocations.c)
+        )
+    ).one()
+    return await _with_volumes(session, row)
+
+
+async def _transition(session: AsyncSession, alloc: Any, target: S, **values: Any) -> Any:
+    domain.check_transition(alloc.status, target, action=target.value)
+    row = await _update_alloc(session, alloc.allocation_id, status=target, status_changed_at=now(), **values)
+    await _timeline(
+        session,
+        alloc.allocation_id,
+        "status",
+        "info",
+        f"{alloc.status} → {target.value}" + (f": {values['failure_reason']}" if values.get("failure_reason") else ""),
+    )
+    return row
+
+
+async def _timeline(
+    session: AsyncSession,
+    alloc_id: uuid.UUID,
+    phase: str,
+    status: str,
+    message: str,
+    *,
+    task_id: uuid.UUID | None = None,
+    started_at: datetime | None = None,
+    finished_at: datetime | None = None,
+) -> None:
+    t = now()
+    await session.execute(
+        insert(timeline).values(
+            entry_id=new_event_id(),
+            allocation_id=alloc_id,
+            phase=phase,
+            status=status,
+            message=message[:2000],
+            task_id=task_id,
+            started_at=started_at or t,
+            finished_at=finished_at or (None if status == "started" else t),
+        )
+    )
+
+
+async def _enqueue(
+    session: AsyncSession, host_id: uuid.UUID, alloc_id: uuid.UUID | None, kind: str, payload: dict[str, Any]
+) -> uuid.UUID:
+    task_id = new_event_id()
+    await session.execute(
+        insert(agent_tasks).values(
+            task_id=task_id, host_id=host_id, allocation_id=alloc_id, kind=kind, payload=payload, status="pending"
+        )
+    )
+    if alloc_id is not None:
+        await _timeline(session, alloc_id, kind, "started", f"{kind} queued for the host agent", task_id=task_id)
+    await session.execute(text("SELECT pg_notify('allocations_tasks', :h)"), {"h": str(host_id)})
+    return task_id
+
+
+async def _free_capacity(session: AsyncSession, alloc_id: uuid.UUID) -> None:
+    await session.execute(delete(gpu_assignments).where(gpu_assignments.c.allocation_id == alloc_id))
+
+
+async def load_allocation(
+    session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, action: str, *, lock: bool = False
+) -> Any:
+    row = (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).first()
+    if row is None:
+        raise NotFound("allocation not found", code="allocation_not_found")
+    try:
+        await iam.authorize(session, principal, action, project_id=row.project_id)
+    except NotFound:
+        raise NotFound("allocation not found", code="allocation_not_found") from None
+    if lock:
+        row = (
+            await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
+        ).one()
+    return await _with_volumes(session, row)

@@ -1,0 +1,202 @@
+"""Hosts as operators see them: enrol, rotate the node token, list, cordon, drain, uncordon."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaas.allocations.models import allocations, hosts
+from gpuaas.allocations.service.common import SERVICE
+from gpuaas.allocations.service.lifecycle import _request_release
+from gpuaas.contracts import Actor, new_event_id
+from gpuaas.contracts.enums import AllocationStatus as S
+from gpuaas.contracts.events import allocations as ev
+from gpuaas.contracts.events.allocations import GpuDevice, HostEnrolled, HostState, HostStatus
+from gpuaas.kit import audit, iam
+from gpuaas.kit.auth import Principal
+from gpuaas.kit.errors import Conflict, NotFound
+from gpuaas.kit.outbox import add_event
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def host_state(row: Any) -> HostState:
+    return HostState(
+        host_id=row.host_id,
+        name=row.name,
+        status=row.status,
+        host_class=row.host_class,
+        labels=row.labels,
+        gpus=[GpuDevice.model_validate(g) for g in row.gpus],
+        inventory_source=row.inventory_source,
+        agent_version=row.agent_version,
+        last_heartbeat_at=row.last_heartbeat_at,
+        cordon_reason=row.cordon_reason,
+        version=row.version,
+    )
+
+
+async def enrol_host(
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    name: str,
+    host_class: str | None,
+    labels: dict[str, str],
+    gpus: list[GpuDevice],
+) -> tuple[HostState, str]:
+    """An operator enrols a host: it gets an id and a one-time node token for its agent."""
+    await iam.authorize(session, principal, "allocations.host.manage")
+    return await enrol_host_unchecked(
+        session, principal.actor, name=name, host_class=host_class, labels=labels, gpus=gpus
+    )
+
+
+async def enrol_host_unchecked(
+    session: AsyncSession,
+    actor: Actor,
+    *,
+    name: str,
+    host_class: str | None,
+    labels: dict[str, str],
+    gpus: list[GpuDevice],
+) -> tuple[HostState, str]:
+    if (await session.execute(select(hosts.c.host_id).where(hosts.c.name == name))).first():
+        raise Conflict(f"a host named {name!r} is already enrolled", code="host_name_taken")
+    host_id = new_event_id()
+    token = "gpn_" + secrets.token_urlsafe(32)
+    await session.execute(
+        insert(hosts).values(
+            host_id=host_id,
+            name=name,
+            status=HostStatus.enrolling,
+            host_class=host_class,
+            labels=labels,
+            gpus=[g.model_dump(mode="json") for g in gpus],
+            node_token_hash=hash_token(token),
+        )
+    )
+    row = (await session.execute(select(hosts).where(hosts.c.host_id == host_id))).one()
+    state = host_state(row)
+    await add_event(session, HostEnrolled.build(subject=host_id, data=state, source=SERVICE, actor=actor))
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=actor,
+        action="allocations.host.enroll",
+        resource_type="host",
+        resource_id=host_id,
+        after=state.model_dump(mode="json"),
+    )
+    return state, token
+
+
+async def rotate_node_token(session: AsyncSession, principal: Principal, host_id: uuid.UUID) -> tuple[HostState, str]:
+    """A new node token for a host (the old one stops working at once), e.g. when an agent's copy is lost."""
+    await iam.authorize(session, principal, "allocations.host.manage")
+    await get_host(session, host_id, lock=True)
+    token = "gpn_" + secrets.token_urlsafe(32)
+    row = await _update_host(session, host_id, node_token_hash=hash_token(token))
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.host.rotate_token",
+        resource_type="host",
+        resource_id=host_id,
+    )
+    return host_state(row), token
+
+
+async def list_hosts(session: AsyncSession) -> list[HostState]:
+    rows = await session.execute(select(hosts).order_by(hosts.c.created_at))
+    return [host_state(r) for r in rows]
+
+
+async def get_host(session: AsyncSession, host_id: uuid.UUID, *, lock: bool = False) -> Any:
+    q = select(hosts).where(hosts.c.host_id == host_id)
+    row = (await session.execute(q.with_for_update() if lock else q)).first()
+    if row is None:
+        raise NotFound("host not found", code="host_not_found")
+    return row
+
+
+async def _update_host(session: AsyncSession, host_id: uuid.UUID, **values: Any) -> Any:
+    return (
+        await session.execute(
+            update(hosts)
+            .where(hosts.c.host_id == host_id)
+            .values(version=hosts.c.version + 1, **values)
+            .returning(*hosts.c)
+        )
+    ).one()
+
+
+async def cordon_host(
+    session: AsyncSession, principal: Principal, host_id: uuid.UUID, *, reason: str, drain: bool
+) -> HostState:
+    """Cordon: no new allocations. Drain: cordon and request the release of every allocation on it."""
+    await iam.authorize(session, principal, "allocations.host.manage")
+    before = await get_host(session, host_id, lock=True)
+    if before.status == HostStatus.decommissioned:
+        raise Conflict("the host is decommissioned", code="host_decommissioned")
+    values: dict[str, Any] = {"cordon_reason": reason}
+    if before.status == HostStatus.unreachable:
+        values["status_before_unreachable"] = HostStatus.cordoned
+    else:
+        values["status"] = HostStatus.cordoned
+    row = await _update_host(session, host_id, **values)
+    state = host_state(row)
+    await add_event(session, ev.HostCordoned.build(data=state, source=SERVICE, actor=principal.actor))
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.host.drain" if drain else "allocations.host.cordon",
+        resource_type="host",
+        resource_id=host_id,
+        before={"status": before.status},
+        after={"status": row.status},
+        reason=reason,
+    )
+    if drain:
+        live = await session.execute(
+            select(allocations.c.allocation_id).where(
+                allocations.c.host_id == host_id,
+                allocations.c.status.in_([S.active, S.restarting, S.resizing]),
+            )
+        )
+        for (alloc_id,) in live:
+            await _request_release(session, principal.actor, alloc_id, reason=f"host drained: {reason}")
+    return state
+
+
+async def uncordon_host(session: AsyncSession, principal: Principal, host_id: uuid.UUID) -> HostState:
+    await iam.authorize(session, principal, "allocations.host.manage")
+    before = await get_host(session, host_id, lock=True)
+    if before.status == HostStatus.unreachable:
+        row = await _update_host(session, host_id, cordon_reason=None, status_before_unreachable=HostStatus.ready)
+    elif before.status == HostStatus.cordoned:
+        row = await _update_host(session, host_id, cordon_reason=None, status=HostStatus.ready)
+    else:
+        raise Conflict(f"the host is {before.status}, not cordoned", code="host_not_cordoned")
+    state = host_state(row)
+    await add_event(session, ev.HostUpdated.build(data=state, source=SERVICE, actor=principal.actor))
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.host.uncordon",
+        resource_type="host",
+        resource_id=host_id,
+        before={"status": before.status},
+        after={"status": row.status},
+    )
+    return state

@@ -1,0 +1,374 @@
+"""The allocation lifecycle: create (placement, quota, volumes, provision task), list, restart,
+resize, release (with app-runtime's clearance) and retry release."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaas.allocations import domain
+from gpuaas.allocations.models import allocations, app_members, gpu_assignments, hosts, volume_attachments, volumes
+from gpuaas.allocations.service.access import authorized_keys
+from gpuaas.allocations.service.common import (
+    SERVICE,
+    _enqueue,
+    _timeline,
+    _transition,
+    _update_alloc,
+    _with_volumes,
+    _with_volumes_many,
+    alloc_state,
+    load_allocation,
+    now,
+)
+from gpuaas.allocations.service.placement import _capacities, _place
+from gpuaas.allocations.service.quotas import _check_quota
+from gpuaas.allocations.service.volumes import _attach, _volume_mounts
+from gpuaas.contracts import Actor, Event, new_event_id
+from gpuaas.contracts.enums import AllocationStatus as S
+from gpuaas.contracts.enums import CapacityShape
+from gpuaas.contracts.events import allocations as ev
+from gpuaas.kit import audit, iam
+from gpuaas.kit.auth import Principal
+from gpuaas.kit.errors import Conflict, Unprocessable
+from gpuaas.kit.outbox import add_event, add_events
+
+LIVE_MEMBER = ("pending", "starting", "active", "draining", "stopping")
+
+
+async def create_allocation(
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    project_id: uuid.UUID,
+    name: str,
+    shape: CapacityShape,
+    gpu_model: str,
+    gpu_count: int | None,
+    host_class: str | None,
+    volume_ids: list[uuid.UUID],
+) -> Any:
+    await iam.authorize(session, principal, "allocations.create", project_id=project_id)
+    tenant_id = await iam.project_tenant(session, project_id)
+    assert tenant_id is not None
+    if shape is CapacityShape.gpu_slice and not gpu_count:
+        raise Unprocessable("gpu_count is required for a gpu_slice", code="gpu_count_required")
+    await _check_quota(session, project_id, gpu_count or 1)
+    alloc_id = new_event_id()
+    t = now()
+    # Insert first (requested) so the GPU reservations can reference it; all in this transaction.
+    await session.execute(
+        insert(allocations).values(
+            allocation_id=alloc_id,
+            tenant_id=tenant_id,
+            project_id=project_id,
+            owner_user_id=None if principal.is_service_account else principal.subject,
+            name=name,
+            shape=shape,
+            gpu_model=gpu_model,
+            gpu_count=gpu_count or 1,
+            gpu_indices=[],
+            host_class=host_class,
+            status=S.requested,
+            status_changed_at=t,
+            ssh_username=domain.unix_username(alloc_id),
+            requested_at=t,
+        )
+    )
+    host, picked = await _place(
+        session, shape=shape, model=gpu_model, count=gpu_count, host_class=host_class, alloc_id=alloc_id
+    )
+    if len(picked) != (gpu_count or 1):  # a whole host: its GPU count is known only now
+        await session.execute(
+            update(allocations).where(allocations.c.allocation_id == alloc_id).values(gpu_count=len(picked))
+        )
+        await _check_quota(session, project_id, 0)
+    requested = await _with_volumes(
+        session, (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).one()
+    )
+    events: list[Event] = [
+        ev.AllocationRequested.build(data=alloc_state(requested), source=SERVICE, actor=principal.actor)
+    ]
+    await _timeline(session, alloc_id, "status", "info", "requested")
+    for vid in volume_ids:
+        await _attach(session, principal, alloc_id, project_id, vid, emit_task=False)
+    row = await _transition(
+        session, requested, S.provisioning, host_id=host.host_id, gpu_indices=picked, gpu_count=len(picked)
+    )
+    await _timeline(
+        session, alloc_id, "placement", "succeeded", f"placed on {host.name}: GPUs {','.join(map(str, picked))}"
+    )
+    events.append(ev.AllocationProvisioning.build(data=alloc_state(row), source=SERVICE, actor=principal.actor))
+    await add_events(session, events)
+    await _enqueue(
+        session,
+        host.host_id,
+        alloc_id,
+        "provision",
+        {
+            "allocation_id": str(alloc_id),
+            "username": row.ssh_username,
+            "gpu_indices": picked,
+            "authorized_keys": await authorized_keys(session, row),
+            "volumes": await _volume_mounts(session, alloc_id),
+        },
+    )
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.create",
+        resource_type="allocation",
+        resource_id=alloc_id,
+        tenant_id=tenant_id,
+        project_id=project_id,
+        after=alloc_state(row).model_dump(mode="json"),
+    )
+    return row
+
+
+async def list_allocations(
+    session: AsyncSession, principal: Principal, *, project_id: uuid.UUID | None, include_released: bool
+) -> list[Any]:
+    q = select(allocations).order_by(allocations.c.requested_at.desc()).limit(500)
+    if project_id is not None:
+        await iam.authorize(session, principal, "allocations.read", project_id=project_id)
+        q = q.where(allocations.c.project_id == project_id)
+    else:
+        visible = await iam.visible_project_ids(session, principal)
+        if visible is not None:
+            q = q.where(allocations.c.project_id.in_(visible or [uuid.UUID(int=0)]))
+    if not include_released:
+        q = q.where(allocations.c.status.notin_([S.released, S.failed]))
+    return await _with_volumes_many(session, list((await session.execute(q)).all()))
+
+
+async def restart_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> Any:
+    alloc = await load_allocation(session, principal, alloc_id, "allocations.update", lock=True)
+    before = alloc_state(alloc)
+    row = await _transition(session, alloc, S.restarting, failure_reason=None)
+    await add_event(
+        session, ev.AllocationRestarting.build(data=alloc_state(row), source=SERVICE, actor=principal.actor)
+    )
+    await _enqueue(
+        session,
+        row.host_id,
+        alloc_id,
+        "restart",
+        {
+            "allocation_id": str(alloc_id),
+            "username": row.ssh_username,
+            "gpu_indices": list(row.gpu_indices),
+            "authorized_keys": await authorized_keys(session, row),
+            "volumes": await _volume_mounts(session, alloc_id),
+        },
+    )
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.restart",
+        resource_type="allocation",
+        resource_id=alloc_id,
+        tenant_id=row.tenant_id,
+        project_id=row.project_id,
+        before={"status": before.status},
+        after={"status": row.status},
+    )
+    return row
+
+
+async def resize_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, gpu_count: int) -> Any:
+    alloc = await load_allocation(session, principal, alloc_id, "allocations.update", lock=True)
+    if alloc.shape != CapacityShape.gpu_slice:
+        raise Conflict(
+            "only a gpu_slice can be resized; a baremetal allocation holds the whole host", code="resize_not_supported"
+        )
+    domain.check_transition(alloc.status, S.resizing, action="resize")
+    if gpu_count == alloc.gpu_count:
+        raise Conflict(f"the allocation already has {gpu_count} GPUs", code="resize_noop")
+    current = sorted(alloc.gpu_indices)
+    if gpu_count > alloc.gpu_count:
+        await _check_quota(session, alloc.project_id, gpu_count - alloc.gpu_count)
+        await session.execute(select(hosts.c.host_id).where(hosts.c.host_id == alloc.host_id).with_for_update())
+        cap = (await _capacities(session, [alloc.host_id]))[0]
+        free = cap.free(alloc.gpu_model)
+        need = gpu_count - alloc.gpu_count
+        if len(free) < need:
+            raise Conflict(
+                f"the host has {len(free)} free {alloc.gpu_model} GPUs; growing to {gpu_count} needs {need}",
+                code="insufficient_gpus_on_host",
+                free=len(free),
+                needed=need,
+            )
+        extra = sorted(free)[:need]
+        await session.execute(
+            insert(gpu_assignments),
+            [{"host_id": alloc.host_id, "gpu_index": i, "allocation_id": alloc_id} for i in extra],
+        )
+        target = sorted(current + extra)
+    else:
+        target = current[:gpu_count]
+    row = await _transition(
+        session, alloc, S.resizing, target_gpu_count=gpu_count, target_gpu_indices=target, failure_reason=None
+    )
+    await add_event(session, ev.AllocationResizing.build(data=alloc_state(row), source=SERVICE, actor=principal.actor))
+    await _enqueue(
+        session,
+        row.host_id,
+        alloc_id,
+        "resize",
+        {
+            "allocation_id": str(alloc_id),
+            "username": row.ssh_username,
+            "gpu_indices": target,
+        },
+    )
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.resize",
+        resource_type="allocation",
+        resource_id=alloc_id,
+        tenant_id=row.tenant_id,
+        project_id=row.project_id,
+        before={"gpu_count": alloc.gpu_count, "gpu_indices": current},
+        after={"gpu_count": gpu_count, "gpu_indices": target},
+    )
+    return row
+
+
+async def live_app_members(session: AsyncSession, alloc_id: uuid.UUID) -> int:
+    return int(
+        (
+            await session.execute(
+                select(func.count())
+                .select_from(app_members)
+                .where(
+                    app_members.c.allocation_id == alloc_id,
+                    app_members.c.tombstoned.is_(False),
+                    app_members.c.status.in_(LIVE_MEMBER),
+                )
+            )
+        ).scalar_one()
+    )
+
+
+async def release_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, *, retry: bool) -> Any:
+    action = "allocations.release"
+    alloc = await load_allocation(session, principal, alloc_id, action, lock=True)
+    if retry and alloc.status != S.release_failed:
+        raise Conflict(
+            f"only a release_failed allocation can be retried; this one is {alloc.status}",
+            code="invalid_state_transition",
+            current_status=alloc.status,
+        )
+    if not retry and alloc.status == S.release_failed:
+        raise Conflict("the release failed; use retry-release", code="release_failed_use_retry")
+    row = await _request_release(session, principal.actor, alloc_id, reason=None)
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.release_retry" if retry else action,
+        resource_type="allocation",
+        resource_id=alloc_id,
+        tenant_id=row.tenant_id,
+        project_id=row.project_id,
+        before={"status": alloc.status},
+        after={"status": row.status},
+    )
+    return row
+
+
+async def _request_release(session: AsyncSession, actor: Actor, alloc_id: uuid.UUID, *, reason: str | None) -> Any:
+    alloc = (
+        await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
+    ).one()
+    retry = alloc.status == S.release_failed
+    t = now()
+    # Billing stops at the first release request, whatever happens to the release afterwards.
+    row = await _transition(
+        session,
+        alloc,
+        S.releasing,
+        release_requested_at=alloc.release_requested_at or t,
+        billing_stopped_at=alloc.billing_stopped_at or t,
+        release_attempts=alloc.release_attempts + 1,
+        failure_reason=None,
+    )
+    if reason:
+        await _timeline(session, alloc_id, "release", "info", reason)
+    await add_event(session, ev.AllocationReleaseRequested.build(data=alloc_state(row), source=SERVICE, actor=actor))
+    members = 0 if retry else await live_app_members(session, alloc_id)
+    if members:
+        row = await _update_alloc(session, alloc_id, awaiting_clearance_since=t)
+        await _timeline(
+            session,
+            alloc_id,
+            "release.clearance",
+            "started",
+            f"waiting for app-runtime to stop {members} app member(s) on this allocation",
+        )
+    else:
+        await enqueue_release(session, row)
+    return row
+
+
+async def enqueue_release(session: AsyncSession, alloc: Any) -> None:
+    vols = []
+    for a in (
+        await session.execute(
+            select(volume_attachments.c.volume_id, volumes.c.persist)
+            .join(volumes)
+            .where(volume_attachments.c.allocation_id == alloc.allocation_id)
+        )
+    ).all():
+        others = (
+            await session.execute(
+                select(func.count())
+                .select_from(volume_attachments)
+                .where(
+                    volume_attachments.c.volume_id == a.volume_id,
+                    volume_attachments.c.allocation_id != alloc.allocation_id,
+                )
+            )
+        ).scalar_one()
+        vols.append({"volume_id": str(a.volume_id), "delete_data": not a.persist and not others})
+    await _enqueue(
+        session,
+        alloc.host_id,
+        alloc.allocation_id,
+        "release",
+        {
+            "allocation_id": str(alloc.allocation_id),
+            "username": alloc.ssh_username,
+            "volumes": vols,
+        },
+    )
+
+
+async def clearance_granted(session: AsyncSession, alloc_id: uuid.UUID, *, forced: bool, note: str) -> None:
+    alloc = (
+        await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
+    ).first()
+    if alloc is None or alloc.status != S.releasing or alloc.awaiting_clearance_since is None:
+        return
+    row = await _update_alloc(session, alloc_id, awaiting_clearance_since=None)
+    await _timeline(session, alloc_id, "release.clearance", "failed" if forced else "succeeded", note)
+    await enqueue_release(session, row)
+
+
+async def overdue_clearances(session: AsyncSession, timeout_s: float) -> list[uuid.UUID]:
+    rows = await session.execute(
+        select(allocations.c.allocation_id).where(
+            allocations.c.awaiting_clearance_since < now() - timedelta(seconds=timeout_s),
+            allocations.c.status == S.releasing,
+        )
+    )
+    return [r[0] for r in rows]
