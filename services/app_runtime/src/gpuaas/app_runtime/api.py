@@ -5,18 +5,26 @@ Two audiences:
 - controllers (JWT of a project service account with the `app-controller` scope, bound to the app in
   that project): `/controller/...` to list desired state, claim operations with a lease, report, and fetch
   the instance's access credential.
+
+Optimistic concurrency (ARCHITECTURE §11): `GET /instances/{id}` answers the instance's `version` as its
+ETag. The instance's mutations (stop/start, decommission, upgrade/rollback, operation requests) take an
+optional If-Match with it, the operator actions on an operation (retry/cancel/force-fail) the operation's;
+a version that moved on is 412 `version_mismatch`. Every mutation answers the resource it returns with
+its new ETag (an operation request: the new operation's). Without If-Match nothing is checked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sse_starlette.sse import EventSourceResponse
 
 from gpuaas.app_runtime import service
@@ -36,9 +44,11 @@ from gpuaas.kit import iam
 from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.auth import CurrentPrincipal, Principal, current_principal
 from gpuaas.kit.errors import Forbidden, NotFound, Unprocessable
+from gpuaas.kit.versioning import IfMatch, expected_version, set_etag
 
 router = APIRouter()
 SLUG = r"^[a-z0-9][a-z0-9-]*$"
+PRECONDITION = {412: {"description": "`version_mismatch`: If-Match names a version the resource has moved on from"}}
 JsonObject = dict[str, Any]
 T = TypeVar("T")
 
@@ -233,6 +243,35 @@ class ControllerEvent(BaseModel):
     data: JsonObject = Field(default_factory=dict)
 
 
+VersionedT = TypeVar("VersionedT", Instance, Operation)
+
+
+def _versioned(response: Response, view: VersionedT) -> VersionedT:
+    """The view, with its version as the response's ETag."""
+    set_etag(response, view.version)
+    return view
+
+
+class VersionedChange:
+    """A mutation's unit of work (a dependency): runs the use case in one transaction with the version the
+    request's If-Match names, which the use case checks under its row lock (412 `version_mismatch`), and
+    answers the changed resource with its new ETag. A malformed If-Match is 422 before any database work."""
+
+    def __init__(self, request: Request, response: Response, if_match: IfMatch = None) -> None:
+        self.request, self.response = request, response
+        self.expected = expected_version(if_match)
+
+    async def __call__(
+        self, view: Callable[[Any], VersionedT], use_case: Callable[[AsyncSession, int | None], Awaitable[Any]]
+    ) -> VersionedT:
+        async with kit_of(self.request).sessions() as session, session.begin():
+            row = await use_case(session, self.expected)
+        return _versioned(self.response, view(row))
+
+
+Change = Annotated[VersionedChange, Depends()]
+
+
 def _instance(row: Any) -> Instance:
     return Instance.model_validate(dict(row._mapping))
 
@@ -339,9 +378,12 @@ async def list_instances(
     tags=["instances"],
     openapi_extra=iam.action_doc("apps.instance.read"),
 )
-async def get_instance(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
+async def get_instance(
+    instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request, response: Response
+) -> Any:
+    """The instance; `ETag` is its version, for If-Match on the instance's mutations."""
     async with kit_of(request).sessions() as session:
-        return _instance(await service.readable_instance(session, principal, instance_id))
+        return _versioned(response, _instance(await service.readable_instance(session, principal, instance_id)))
 
 
 @router.get(
@@ -379,12 +421,26 @@ async def list_operations(instance_id: uuid.UUID, principal: CurrentPrincipal, r
     return {"items": [_op(r) for r in rows]}
 
 
-@router.post("/instances/{instance_id}/operations", response_model=Operation, status_code=201, tags=["operations"])
+@router.post(
+    "/instances/{instance_id}/operations",
+    response_model=Operation,
+    status_code=201,
+    tags=["operations"],
+    responses=PRECONDITION,
+)
 async def request_operation(
-    instance_id: uuid.UUID, body: OperationRequest, principal: CurrentPrincipal, request: Request
+    instance_id: uuid.UUID, body: OperationRequest, principal: CurrentPrincipal, change: Change
 ) -> Any:
-    async with kit_of(request).sessions() as session, session.begin():
-        row = await service.request_operation(
+    """Ask for a member operation. If-Match names the instance's version (a request moves it on); the
+    answer is the new operation, its `ETag` the operation's version (for retry/cancel/force-fail)."""
+    return await change(_op, _operation_request(principal, instance_id, body))
+
+
+def _operation_request(
+    principal: Principal, instance_id: uuid.UUID, body: OperationRequest
+) -> Callable[[AsyncSession, int | None], Awaitable[Any]]:
+    def use_case(session: AsyncSession, expected: int | None) -> Awaitable[Any]:
+        return service.request_operation(
             session,
             principal,
             instance_id,
@@ -393,8 +449,10 @@ async def request_operation(
             allocation_id=body.allocation_id,
             component_key=body.component_key,
             params=body.params,
+            expected_version=expected,
         )
-    return _op(row)
+
+    return use_case
 
 
 @router.get(
@@ -468,10 +526,10 @@ async def timeline_stream(
     response_model=Instance,
     tags=["instances"],
     openapi_extra=iam.action_doc("apps.instance.manage"),
+    responses=PRECONDITION,
 )
-async def stop(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
-    async with kit_of(request).sessions() as session, session.begin():
-        return _instance(await service.stop(session, principal, instance_id))
+async def stop(instance_id: uuid.UUID, principal: CurrentPrincipal, change: Change) -> Any:
+    return await change(_instance, lambda s, v: service.stop(s, principal, instance_id, expected_version=v))
 
 
 @router.post(
@@ -479,10 +537,10 @@ async def stop(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Req
     response_model=Instance,
     tags=["instances"],
     openapi_extra=iam.action_doc("apps.instance.manage"),
+    responses=PRECONDITION,
 )
-async def start(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
-    async with kit_of(request).sessions() as session, session.begin():
-        return _instance(await service.start(session, principal, instance_id))
+async def start(instance_id: uuid.UUID, principal: CurrentPrincipal, change: Change) -> Any:
+    return await change(_instance, lambda s, v: service.start(s, principal, instance_id, expected_version=v))
 
 
 @router.post(
@@ -490,12 +548,14 @@ async def start(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Re
     response_model=Instance,
     tags=["instances"],
     openapi_extra=iam.action_doc("apps.instance.manage"),
+    responses=PRECONDITION,
 )
-async def decommission(instance_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
+async def decommission(instance_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, change: Change) -> Any:
     """Tear down every member; `decommissioned` only after the controller verifies each teardown.
     Also retries a `decommission_failed` instance."""
-    async with kit_of(request).sessions() as session, session.begin():
-        return _instance(await service.decommission(session, principal, instance_id, body.reason))
+    return await change(
+        _instance, lambda s, v: service.decommission(s, principal, instance_id, body.reason, expected_version=v)
+    )
 
 
 @router.post(
@@ -503,13 +563,13 @@ async def decommission(instance_id: uuid.UUID, body: Reason, principal: CurrentP
     response_model=Instance,
     tags=["instances"],
     openapi_extra=iam.action_doc("apps.instance.manage"),
+    responses=PRECONDITION,
 )
-async def force_decommission(
-    instance_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request
-) -> Any:
+async def force_decommission(instance_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, change: Change) -> Any:
     """Complete a failed/stuck decommission without verification: recorded as forced, with the reason."""
-    async with kit_of(request).sessions() as session, session.begin():
-        return _instance(await service.force_decommission(session, principal, instance_id, body.reason))
+    return await change(
+        _instance, lambda s, v: service.force_decommission(s, principal, instance_id, body.reason, expected_version=v)
+    )
 
 
 @router.post(
@@ -517,10 +577,13 @@ async def force_decommission(
     response_model=Instance,
     tags=["instances"],
     openapi_extra=iam.action_doc("apps.instance.manage"),
+    responses=PRECONDITION,
 )
-async def upgrade(instance_id: uuid.UUID, body: VersionChange, principal: CurrentPrincipal, request: Request) -> Any:
-    async with kit_of(request).sessions() as session, session.begin():
-        return _instance(await service.upgrade(session, principal, instance_id, body.app_version))
+async def upgrade(instance_id: uuid.UUID, body: VersionChange, principal: CurrentPrincipal, change: Change) -> Any:
+    """Set the desired app version; the instance's controller rolls it out and reports it."""
+    return await change(
+        _instance, lambda s, v: service.upgrade(s, principal, instance_id, body.app_version, expected_version=v)
+    )
 
 
 @router.post(
@@ -528,10 +591,12 @@ async def upgrade(instance_id: uuid.UUID, body: VersionChange, principal: Curren
     response_model=Instance,
     tags=["instances"],
     openapi_extra=iam.action_doc("apps.instance.manage"),
+    responses=PRECONDITION,
 )
-async def rollback(instance_id: uuid.UUID, principal: CurrentPrincipal, request: Request) -> Any:
-    async with kit_of(request).sessions() as session, session.begin():
-        return _instance(await service.upgrade(session, principal, instance_id, None, rollback=True))
+async def rollback(instance_id: uuid.UUID, principal: CurrentPrincipal, change: Change) -> Any:
+    return await change(
+        _instance, lambda s, v: service.upgrade(s, principal, instance_id, None, rollback=True, expected_version=v)
+    )
 
 
 @router.get(
@@ -575,10 +640,13 @@ async def rotate_credential(instance_id: uuid.UUID, principal: CurrentPrincipal,
     response_model=Operation,
     tags=["operations"],
     openapi_extra=iam.action_doc("apps.operation.manage"),
+    responses=PRECONDITION,
 )
-async def retry_operation(operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
-    async with kit_of(request).sessions() as session, session.begin():
-        return _op(await service.retry_operation(session, principal, operation_id, body.reason))
+async def retry_operation(operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, change: Change) -> Any:
+    """If-Match names the operation's version (`version` in its listing, or a previous answer's ETag)."""
+    return await change(
+        _op, lambda s, v: service.retry_operation(s, principal, operation_id, body.reason, expected_version=v)
+    )
 
 
 @router.post(
@@ -586,10 +654,13 @@ async def retry_operation(operation_id: uuid.UUID, body: Reason, principal: Curr
     response_model=Operation,
     tags=["operations"],
     openapi_extra=iam.action_doc("apps.operation.manage"),
+    responses=PRECONDITION,
 )
-async def cancel_operation(operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request) -> Any:
-    async with kit_of(request).sessions() as session, session.begin():
-        return _op(await service.cancel_operation(session, principal, operation_id, body.reason))
+async def cancel_operation(operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, change: Change) -> Any:
+    """If-Match names the operation's version (`version` in its listing, or a previous answer's ETag)."""
+    return await change(
+        _op, lambda s, v: service.cancel_operation(s, principal, operation_id, body.reason, expected_version=v)
+    )
 
 
 @router.post(
@@ -597,14 +668,16 @@ async def cancel_operation(operation_id: uuid.UUID, body: Reason, principal: Cur
     response_model=Operation,
     tags=["operations"],
     openapi_extra=iam.action_doc("apps.operation.manage"),
+    responses=PRECONDITION,
 )
 async def force_fail_operation(
-    operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, request: Request
+    operation_id: uuid.UUID, body: Reason, principal: CurrentPrincipal, change: Change
 ) -> Any:
     if not body.reason.strip():
         raise Unprocessable("force-fail needs a reason", code="reason_required")
-    async with kit_of(request).sessions() as session, session.begin():
-        return _op(await service.force_fail_operation(session, principal, operation_id, body.reason))
+    return await change(
+        _op, lambda s, v: service.force_fail_operation(s, principal, operation_id, body.reason, expected_version=v)
+    )
 
 
 # ------------------------------------------------------------------------------------------ controller API
@@ -714,23 +787,17 @@ async def controller_fail(operation_id: uuid.UUID, body: Failure, principal: Cur
 
 
 @router.post(
-    "/controller/instances/{instance_id}/operations", response_model=Operation, status_code=201, tags=["controller"]
+    "/controller/instances/{instance_id}/operations",
+    response_model=Operation,
+    status_code=201,
+    tags=["controller"],
+    responses=PRECONDITION,
 )
 async def controller_request_operation(
-    instance_id: uuid.UUID, body: OperationRequest, principal: CurrentPrincipal, request: Request
+    instance_id: uuid.UUID, body: OperationRequest, principal: CurrentPrincipal, change: Change
 ) -> Any:
-    async with kit_of(request).sessions() as session, session.begin():
-        row = await service.request_operation(
-            session,
-            principal,
-            instance_id,
-            body.kind,
-            member_id=body.member_id,
-            allocation_id=body.allocation_id,
-            component_key=body.component_key,
-            params=body.params,
-        )
-    return _op(row)
+    """As `POST /instances/{instance_id}/operations`, for the instance's controller (If-Match optional)."""
+    return await change(_op, _operation_request(principal, instance_id, body))
 
 
 @router.put("/controller/instances/{instance_id}/status", response_model=Instance, tags=["controller"])

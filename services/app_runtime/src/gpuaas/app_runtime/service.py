@@ -36,6 +36,7 @@ from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Unprocessable
 from gpuaas.kit.outbox import add_event
 from gpuaas.kit.tables import iam_service_accounts
+from gpuaas.kit.versioning import check_version
 
 SERVICE = "app_runtime"
 SOURCE = "app-runtime"
@@ -361,7 +362,9 @@ async def insert_operation(
         )
     if member is not None:
         await session.execute(
-            update(members).where(members.c.member_id == member.member_id).values(last_operation_id=op_id)
+            update(members)
+            .where(members.c.member_id == member.member_id)
+            .values(last_operation_id=op_id, version=members.c.version + 1)
         )
     row = (await session.execute(select(operations).where(operations.c.operation_id == op_id))).one()
     await add_event(session, ev.MemberOperationCreated.build(data=operation_state(row), source=SOURCE, actor=actor))
@@ -698,13 +701,18 @@ async def request_operation(
     allocation_id: uuid.UUID | None,
     component_key: str | None,
     params: dict[str, Any],
+    expected_version: int | None = None,
 ) -> Any:
-    """A user (apps.member.add / apps.operation.manage) or the instance's controller asks for an operation."""
+    """A user (apps.member.add / apps.operation.manage) or the instance's controller asks for an operation.
+
+    A request changes the instance (its members and their operations), so it moves the instance's version:
+    of two requests based on the same version (`expected_version`, If-Match) only the first goes through."""
     if principal.is_service_account:
         inst = await controller_instance(session, principal, instance_id, lock=True)
     else:
         action = "apps.member.add" if kind is OperationKind.add else "apps.operation.manage"
         inst = await authorized_instance(session, principal, instance_id, action)
+    check_version(inst.version, expected_version)
     if inst.status not in domain.LIVE_INSTANCE:
         raise Conflict(f"the instance is {inst.status}; operations need a live instance", code="instance_not_live")
     member = None
@@ -756,6 +764,7 @@ async def request_operation(
         component_key=component_key,
         params=params,
     )
+    await update_instance(session, instance_id, principal.actor)
     await sync_grant(session, instance_id, principal.actor)
     await audit.record(
         session,
@@ -1057,7 +1066,10 @@ async def after_operation(session: AsyncSession, op: Any, actor: Actor) -> None:
 # ------------------------------------------------------------------------------------------ operator actions
 
 
-async def _operation_for_operator(session: AsyncSession, principal: Principal, operation_id: uuid.UUID) -> Any:
+async def _operation_for_operator(
+    session: AsyncSession, principal: Principal, operation_id: uuid.UUID, expected_version: int | None
+) -> Any:
+    """The operation, locked, after checking `apps.operation.manage` and the version the caller read."""
     op = (
         await session.execute(select(operations).where(operations.c.operation_id == operation_id).with_for_update())
     ).first()
@@ -1068,11 +1080,19 @@ async def _operation_for_operator(session: AsyncSession, principal: Principal, o
     except NotFound:
         raise NotFound("operation not found", code="operation_not_found") from None
     await iam.authorize(session, principal, "apps.operation.manage", project_id=op.project_id)
+    check_version(op.version, expected_version)
     return op
 
 
-async def retry_operation(session: AsyncSession, principal: Principal, operation_id: uuid.UUID, reason: str) -> Any:
-    op = await _operation_for_operator(session, principal, operation_id)
+async def retry_operation(
+    session: AsyncSession,
+    principal: Principal,
+    operation_id: uuid.UUID,
+    reason: str,
+    *,
+    expected_version: int | None = None,
+) -> Any:
+    op = await _operation_for_operator(session, principal, operation_id, expected_version)
     if op.status not in (OS.failed, OS.cancelled, OS.claimed, OS.in_progress):
         raise Conflict(f"a {op.status} operation cannot be retried", code="invalid_operation_transition")
     inst = await load_instance(session, op.instance_id, lock=True)
@@ -1116,8 +1136,15 @@ async def retry_operation(session: AsyncSession, principal: Principal, operation
     return op
 
 
-async def cancel_operation(session: AsyncSession, principal: Principal, operation_id: uuid.UUID, reason: str) -> Any:
-    op = await _operation_for_operator(session, principal, operation_id)
+async def cancel_operation(
+    session: AsyncSession,
+    principal: Principal,
+    operation_id: uuid.UUID,
+    reason: str,
+    *,
+    expected_version: int | None = None,
+) -> Any:
+    op = await _operation_for_operator(session, principal, operation_id, expected_version)
     if op.status not in domain.OPEN_OPS:
         raise Conflict(f"a {op.status} operation cannot be cancelled", code="invalid_operation_transition")
     before = op.status
@@ -1167,9 +1194,14 @@ async def cancel_operation(session: AsyncSession, principal: Principal, operatio
 
 
 async def force_fail_operation(
-    session: AsyncSession, principal: Principal, operation_id: uuid.UUID, reason: str
+    session: AsyncSession,
+    principal: Principal,
+    operation_id: uuid.UUID,
+    reason: str,
+    *,
+    expected_version: int | None = None,
 ) -> Any:
-    op = await _operation_for_operator(session, principal, operation_id)
+    op = await _operation_for_operator(session, principal, operation_id, expected_version)
     if op.status not in domain.OPEN_OPS:
         raise Conflict(f"a {op.status} operation cannot be force-failed", code="invalid_operation_transition")
     before = op.status
@@ -1340,8 +1372,11 @@ async def _cancel_open(session: AsyncSession, instance_id: uuid.UUID, actor: Act
                 )
 
 
-async def stop(session: AsyncSession, principal: Principal, instance_id: uuid.UUID) -> Any:
+async def stop(
+    session: AsyncSession, principal: Principal, instance_id: uuid.UUID, *, expected_version: int | None = None
+) -> Any:
     inst = await authorized_instance(session, principal, instance_id, "apps.instance.manage")
+    check_version(inst.version, expected_version)
     if inst.status not in (IS.created, IS.starting, IS.running, IS.degraded):
         raise Conflict(f"an instance that is {inst.status} cannot be stopped", code="invalid_instance_transition")
     actor = principal.actor
@@ -1380,8 +1415,11 @@ async def check_stopped(session: AsyncSession, instance_id: uuid.UUID, actor: Ac
         await set_instance_status(session, inst, IS.stopped, actor, "every member drained")
 
 
-async def start(session: AsyncSession, principal: Principal, instance_id: uuid.UUID) -> Any:
+async def start(
+    session: AsyncSession, principal: Principal, instance_id: uuid.UUID, *, expected_version: int | None = None
+) -> Any:
     inst = await authorized_instance(session, principal, instance_id, "apps.instance.manage")
+    check_version(inst.version, expected_version)
     if inst.status not in (IS.stopped, IS.failed):
         raise Conflict(f"an instance that is {inst.status} cannot be started", code="invalid_instance_transition")
     actor = principal.actor
@@ -1403,10 +1441,18 @@ async def start(session: AsyncSession, principal: Principal, instance_id: uuid.U
     return await recompute_instance(session, instance_id, actor)
 
 
-async def decommission(session: AsyncSession, principal: Principal, instance_id: uuid.UUID, reason: str) -> Any:
+async def decommission(
+    session: AsyncSession,
+    principal: Principal,
+    instance_id: uuid.UUID,
+    reason: str,
+    *,
+    expected_version: int | None = None,
+) -> Any:
     """Start (or retry) teardown: one `remove` operation per live member; `decommissioned` only once the
     controller has reported verified teardown for every one of them."""
     inst = await authorized_instance(session, principal, instance_id, "apps.instance.manage")
+    check_version(inst.version, expected_version)
     if inst.status == IS.decommissioning:
         raise Conflict("decommission is already in progress", code="decommission_in_progress")
     domain.check_instance_transition(inst.status, IS.decommissioning)
@@ -1488,8 +1534,16 @@ async def check_decommission(session: AsyncSession, instance_id: uuid.UUID, acto
     await revoke_credentials(session, instance_id, actor)
 
 
-async def force_decommission(session: AsyncSession, principal: Principal, instance_id: uuid.UUID, reason: str) -> Any:
+async def force_decommission(
+    session: AsyncSession,
+    principal: Principal,
+    instance_id: uuid.UUID,
+    reason: str,
+    *,
+    expected_version: int | None = None,
+) -> Any:
     inst = await authorized_instance(session, principal, instance_id, "apps.instance.manage")
+    check_version(inst.version, expected_version)
     if inst.status not in (IS.decommission_failed, IS.decommissioning):
         raise Conflict("only a decommission that failed or is stuck can be forced", code="invalid_instance_transition")
     if not reason.strip():
@@ -1551,8 +1605,11 @@ async def upgrade(
     app_version: str | None,
     *,
     rollback: bool = False,
+    expected_version: int | None = None,
 ) -> Any:
+    """Ask the controller to roll out another version (`desired_*`); `rollback` targets the previous one."""
     inst = await authorized_instance(session, principal, instance_id, "apps.instance.manage")
+    check_version(inst.version, expected_version)
     if inst.status not in domain.LIVE_INSTANCE and inst.status != IS.stopped:
         raise Conflict(f"an instance that is {inst.status} cannot change version", code="instance_not_live")
     if rollback:
