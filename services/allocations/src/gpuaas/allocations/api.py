@@ -18,6 +18,7 @@ from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import AllocationState, GpuDevice, SshGrantState, VolumeState
 from gpuaas.kit.auth import CurrentPrincipal, Principal
 from gpuaas.kit.iam import action_doc, require
+from gpuaas.kit.versioning import IfMatch, expected_version, set_etag
 
 router = APIRouter()
 Operator = Annotated[Principal, Depends(require("allocations.host.read"))]
@@ -205,7 +206,7 @@ def _render(row: Any, vols: list[Any]) -> dict[str, Any]:
     openapi_extra=action_doc("allocations.create"),
 )
 async def create_allocation(
-    request: Request, project_id: uuid.UUID, body: AllocationCreate, principal: CurrentPrincipal
+    request: Request, response: Response, project_id: uuid.UUID, body: AllocationCreate, principal: CurrentPrincipal
 ) -> Any:
     kit = _kit(request)
     async with kit.sessions() as session, session.begin():
@@ -222,6 +223,7 @@ async def create_allocation(
         )
         out = await view(session, row)
     kit.extras["wakeups"].notify(row.host_id)
+    set_etag(response, row.version)
     return out
 
 
@@ -254,18 +256,28 @@ async def list_allocations(request: Request, principal: CurrentPrincipal, includ
     tags=["allocations"],
     openapi_extra=action_doc("allocations.read"),
 )
-async def get_allocation(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
+async def get_allocation(
+    request: Request, response: Response, allocation_id: uuid.UUID, principal: CurrentPrincipal
+) -> Any:
+    """The allocation, with its version as the `ETag`: send it back as `If-Match` on a change."""
     async with _kit(request).sessions() as session:
-        return await view(session, await service.load_allocation(session, principal, allocation_id, "allocations.read"))
+        row = await service.load_allocation(session, principal, allocation_id, "allocations.read")
+        set_etag(response, row.version)
+        return await view(session, row)
 
 
-async def _mutate(request: Request, fn: Any, *args: Any, **kwargs: Any) -> Any:
+async def _mutate(
+    request: Request, response: Response, if_match: str | None, fn: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """Run a change of the allocation as of the version `If-Match` names; answer its new version as the ETag."""
+    expected = expected_version(if_match)
     kit = _kit(request)
     async with kit.sessions() as session, session.begin():
-        row = await fn(session, *args, **kwargs)
+        row = await fn(session, *args, expected_version=expected, **kwargs)
         out = await view(session, row)
     if row.host_id:
         kit.extras["wakeups"].notify(row.host_id)
+    set_etag(response, row.version)
     return out
 
 
@@ -278,8 +290,14 @@ async def _mutate(request: Request, fn: Any, *args: Any, **kwargs: Any) -> Any:
     "and volumes; running sessions and processes are interrupted.",
     openapi_extra=action_doc("allocations.update"),
 )
-async def restart(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
-    return await _mutate(request, service.restart_allocation, principal, allocation_id)
+async def restart(
+    request: Request,
+    response: Response,
+    allocation_id: uuid.UUID,
+    principal: CurrentPrincipal,
+    if_match: IfMatch = None,
+) -> Any:
+    return await _mutate(request, response, if_match, service.restart_allocation, principal, allocation_id)
 
 
 @router.post(
@@ -290,8 +308,17 @@ async def restart(request: Request, allocation_id: uuid.UUID, principal: Current
     description="Resize a gpu_slice on its host (asynchronous).",
     openapi_extra=action_doc("allocations.update"),
 )
-async def resize(request: Request, allocation_id: uuid.UUID, body: ResizeBody, principal: CurrentPrincipal) -> Any:
-    return await _mutate(request, service.resize_allocation, principal, allocation_id, body.gpu_count)
+async def resize(
+    request: Request,
+    response: Response,
+    allocation_id: uuid.UUID,
+    body: ResizeBody,
+    principal: CurrentPrincipal,
+    if_match: IfMatch = None,
+) -> Any:
+    return await _mutate(
+        request, response, if_match, service.resize_allocation, principal, allocation_id, body.gpu_count
+    )
 
 
 @router.post(
@@ -302,8 +329,14 @@ async def resize(request: Request, allocation_id: uuid.UUID, body: ResizeBody, p
     description="Release (asynchronous); billing stops now.",
     openapi_extra=action_doc("allocations.release"),
 )
-async def release(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
-    return await _mutate(request, service.release_allocation, principal, allocation_id, retry=False)
+async def release(
+    request: Request,
+    response: Response,
+    allocation_id: uuid.UUID,
+    principal: CurrentPrincipal,
+    if_match: IfMatch = None,
+) -> Any:
+    return await _mutate(request, response, if_match, service.release_allocation, principal, allocation_id, retry=False)
 
 
 @router.post(
@@ -313,8 +346,14 @@ async def release(request: Request, allocation_id: uuid.UUID, principal: Current
     tags=["allocations"],
     openapi_extra=action_doc("allocations.release"),
 )
-async def retry_release(request: Request, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
-    return await _mutate(request, service.release_allocation, principal, allocation_id, retry=True)
+async def retry_release(
+    request: Request,
+    response: Response,
+    allocation_id: uuid.UUID,
+    principal: CurrentPrincipal,
+    if_match: IfMatch = None,
+) -> Any:
+    return await _mutate(request, response, if_match, service.release_allocation, principal, allocation_id, retry=True)
 
 
 class TimelineEntry(BaseModel):
@@ -419,15 +458,28 @@ class GrantCreate(BaseModel):
 
 @router.post("/allocations/{allocation_id}/ssh-grants", response_model=SshGrantState, status_code=201, tags=["ssh"])
 async def create_grant(
-    request: Request, allocation_id: uuid.UUID, body: GrantCreate, principal: CurrentPrincipal
+    request: Request,
+    response: Response,
+    allocation_id: uuid.UUID,
+    body: GrantCreate,
+    principal: CurrentPrincipal,
+    if_match: IfMatch = None,
 ) -> Any:
+    """`If-Match` and the answered `ETag` are the allocation's version (a grant does not change it)."""
+    expected = expected_version(if_match)
     kit = _kit(request)
     async with kit.sessions() as session, session.begin():
         row = await service.create_grant(
-            session, principal, allocation_id, user_id=body.user_id, public_key=body.public_key
+            session,
+            principal,
+            allocation_id,
+            user_id=body.user_id,
+            public_key=body.public_key,
+            expected_version=expected,
         )
         alloc = await service.load_allocation(session, principal, allocation_id, "allocations.read")
     kit.extras["wakeups"].notify(alloc.host_id)
+    set_etag(response, alloc.version)
     return service.grant_state(row).model_dump()
 
 
@@ -446,13 +498,21 @@ async def list_grants(request: Request, allocation_id: uuid.UUID, principal: Cur
 
 @router.delete("/allocations/{allocation_id}/ssh-grants/{grant_id}", response_model=SshGrantState, tags=["ssh"])
 async def revoke_grant(
-    request: Request, allocation_id: uuid.UUID, grant_id: uuid.UUID, principal: CurrentPrincipal
+    request: Request,
+    response: Response,
+    allocation_id: uuid.UUID,
+    grant_id: uuid.UUID,
+    principal: CurrentPrincipal,
+    if_match: IfMatch = None,
 ) -> Any:
+    """`If-Match` and the answered `ETag` are the allocation's version (a grant does not change it)."""
+    expected = expected_version(if_match)
     kit = _kit(request)
     async with kit.sessions() as session, session.begin():
-        row = await service.revoke_grant(session, principal, allocation_id, grant_id)
+        row = await service.revoke_grant(session, principal, allocation_id, grant_id, expected_version=expected)
         alloc = await service.load_allocation(session, principal, allocation_id, "allocations.read")
     kit.extras["wakeups"].notify(alloc.host_id)
+    set_etag(response, alloc.version)
     return service.grant_state(row).model_dump()
 
 
@@ -540,12 +600,24 @@ async def delete_volume(request: Request, volume_id: uuid.UUID, principal: Curre
     tags=["storage"],
     openapi_extra=action_doc("allocations.update"),
 )
-async def attach(request: Request, allocation_id: uuid.UUID, body: AttachBody, principal: CurrentPrincipal) -> Any:
+async def attach(
+    request: Request,
+    response: Response,
+    allocation_id: uuid.UUID,
+    body: AttachBody,
+    principal: CurrentPrincipal,
+    if_match: IfMatch = None,
+) -> Any:
+    """`If-Match` and the answered `ETag` are the allocation's version, which the attachment moves on."""
+    expected = expected_version(if_match)
     kit = _kit(request)
     async with kit.sessions() as session, session.begin():
-        state = await service.attach_volume(session, principal, allocation_id, body.volume_id)
+        state = await service.attach_volume(
+            session, principal, allocation_id, body.volume_id, expected_version=expected
+        )
         alloc = await service.load_allocation(session, principal, allocation_id, "allocations.read")
     kit.extras["wakeups"].notify(alloc.host_id)
+    set_etag(response, alloc.version)
     return _volume_view(state)
 
 
@@ -555,12 +627,22 @@ async def attach(request: Request, allocation_id: uuid.UUID, body: AttachBody, p
     tags=["storage"],
     openapi_extra=action_doc("allocations.update"),
 )
-async def detach(request: Request, allocation_id: uuid.UUID, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
+async def detach(
+    request: Request,
+    response: Response,
+    allocation_id: uuid.UUID,
+    volume_id: uuid.UUID,
+    principal: CurrentPrincipal,
+    if_match: IfMatch = None,
+) -> Any:
+    """`If-Match` and the answered `ETag` are the allocation's version, which the detachment moves on."""
+    expected = expected_version(if_match)
     kit = _kit(request)
     async with kit.sessions() as session, session.begin():
-        state = await service.detach_volume(session, principal, allocation_id, volume_id)
+        state = await service.detach_volume(session, principal, allocation_id, volume_id, expected_version=expected)
         alloc = await service.load_allocation(session, principal, allocation_id, "allocations.read")
     kit.extras["wakeups"].notify(alloc.host_id)
+    set_etag(response, alloc.version)
     return _volume_view(state)
 
 

@@ -22,6 +22,7 @@ from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Unprocessable
 from gpuaas.kit.outbox import add_event
 from gpuaas.kit.tables import iam_memberships
+from gpuaas.kit.versioning import check_version
 
 
 async def authorized_keys(session: AsyncSession, alloc: Any) -> list[str]:
@@ -171,13 +172,20 @@ async def _is_project_member(
 
 
 async def create_grant(
-    session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, *, user_id: uuid.UUID, public_key: str
+    session: AsyncSession,
+    principal: Principal,
+    alloc_id: uuid.UUID,
+    *,
+    user_id: uuid.UUID,
+    public_key: str,
+    expected_version: int | None = None,
 ) -> Any:
     """The allocation's owner or a project admin gives another project member SSH access with the
-    member's own public key."""
+    member's own public key. `expected_version` is the allocation's (grants do not change it)."""
     alloc = await load_allocation(session, principal, alloc_id, "allocations.read", lock=True)
     if alloc.owner_user_id != principal.subject:
         await iam.authorize(session, principal, "allocations.ssh_grant.manage", project_id=alloc.project_id)
+    check_version(alloc.version, expected_version)
     if alloc.status not in SYNCABLE:
         raise Conflict(f"the allocation is {alloc.status}", code="allocation_not_active")
     if not await _is_project_member(session, user_id, alloc.tenant_id, alloc.project_id):
@@ -242,7 +250,15 @@ async def list_grants(session: AsyncSession, principal: Principal, alloc_id: uui
     )
 
 
-async def revoke_grant(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, grant_id: uuid.UUID) -> Any:
+async def revoke_grant(
+    session: AsyncSession,
+    principal: Principal,
+    alloc_id: uuid.UUID,
+    grant_id: uuid.UUID,
+    *,
+    expected_version: int | None = None,
+) -> Any:
+    """Revoke a user's grant (the grantee may revoke their own); `expected_version` is the allocation's."""
     alloc = await load_allocation(session, principal, alloc_id, "allocations.read", lock=True)
     grant = (
         await session.execute(
@@ -255,6 +271,7 @@ async def revoke_grant(session: AsyncSession, principal: Principal, alloc_id: uu
         raise NotFound("grant not found", code="ssh_grant_not_found")
     if alloc.owner_user_id != principal.subject and grant.user_id != principal.subject:
         await iam.authorize(session, principal, "allocations.ssh_grant.manage", project_id=alloc.project_id)
+    check_version(alloc.version, expected_version)
     if grant.origin != "user":
         raise Conflict("this key belongs to an app instance; app-runtime revokes it", code="ssh_grant_managed")
     if grant.status == "revoked":

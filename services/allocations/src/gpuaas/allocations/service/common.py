@@ -18,6 +18,7 @@ from gpuaas.contracts.events.allocations import AllocationState, SshEndpoint
 from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import NotFound
+from gpuaas.kit.versioning import check_version
 
 SERVICE = "allocations"
 SYSTEM = Actor.system("allocations")
@@ -157,8 +158,17 @@ async def _free_capacity(session: AsyncSession, alloc_id: uuid.UUID) -> None:
 
 
 async def load_allocation(
-    session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, action: str, *, lock: bool = False
+    session: AsyncSession,
+    principal: Principal,
+    alloc_id: uuid.UUID,
+    action: str,
+    *,
+    lock: bool = False,
+    expected_version: int | None = None,
 ) -> Any:
+    """The allocation, if the principal may `action` it (else 404). With `lock` the row stays locked for
+    the rest of the transaction, and `expected_version` (the request's If-Match) is checked under that
+    lock: 412 `version_mismatch` if the allocation moved on, so of two writers of one version only one wins."""
     row = (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).first()
     if row is None:
         raise NotFound("allocation not found", code="allocation_not_found")
@@ -170,4 +180,5 @@ async def load_allocation(
         row = (
             await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
         ).one()
+    check_version(row.version, expected_version)
     return await _with_volumes(session, row)

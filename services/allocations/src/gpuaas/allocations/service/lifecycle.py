@@ -147,8 +147,12 @@ async def list_allocations(
     return await _with_volumes_many(session, list((await session.execute(q)).all()))
 
 
-async def restart_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> Any:
-    alloc = await load_allocation(session, principal, alloc_id, "allocations.update", lock=True)
+async def restart_allocation(
+    session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, *, expected_version: int | None = None
+) -> Any:
+    alloc = await load_allocation(
+        session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
+    )
     before = alloc_state(alloc)
     row = await _transition(session, alloc, S.restarting, failure_reason=None)
     await add_event(
@@ -182,8 +186,17 @@ async def restart_allocation(session: AsyncSession, principal: Principal, alloc_
     return row
 
 
-async def resize_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, gpu_count: int) -> Any:
-    alloc = await load_allocation(session, principal, alloc_id, "allocations.update", lock=True)
+async def resize_allocation(
+    session: AsyncSession,
+    principal: Principal,
+    alloc_id: uuid.UUID,
+    gpu_count: int,
+    *,
+    expected_version: int | None = None,
+) -> Any:
+    alloc = await load_allocation(
+        session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
+    )
     if alloc.shape != CapacityShape.gpu_slice:
         raise Conflict(
             "only a gpu_slice can be resized; a baremetal allocation holds the whole host", code="resize_not_supported"
@@ -259,9 +272,16 @@ async def live_app_members(session: AsyncSession, alloc_id: uuid.UUID) -> int:
     )
 
 
-async def release_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, *, retry: bool) -> Any:
+async def release_allocation(
+    session: AsyncSession,
+    principal: Principal,
+    alloc_id: uuid.UUID,
+    *,
+    retry: bool,
+    expected_version: int | None = None,
+) -> Any:
     action = "allocations.release"
-    alloc = await load_allocation(session, principal, alloc_id, action, lock=True)
+    alloc = await load_allocation(session, principal, alloc_id, action, lock=True, expected_version=expected_version)
     if retry and alloc.status != S.release_failed:
         raise Conflict(
             f"only a release_failed allocation can be retried; this one is {alloc.status}",

@@ -9,7 +9,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations.models import volume_attachments, volumes
-from gpuaas.allocations.service.common import SERVICE, SYSTEM, _enqueue, _timeline, load_allocation, now
+from gpuaas.allocations.service.common import SERVICE, SYSTEM, _enqueue, _timeline, _update_alloc, load_allocation, now
 from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.enums import AllocationStatus as S
 from gpuaas.contracts.events import allocations as ev
@@ -208,22 +208,40 @@ async def _attach(
 
 
 async def attach_volume(
-    session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, volume_id: uuid.UUID
+    session: AsyncSession,
+    principal: Principal,
+    alloc_id: uuid.UUID,
+    volume_id: uuid.UUID,
+    *,
+    expected_version: int | None = None,
 ) -> VolumeState:
-    alloc = await load_allocation(session, principal, alloc_id, "allocations.update", lock=True)
+    """Attach to an active allocation. Its volume ids are part of the allocation, so its version moves on."""
+    alloc = await load_allocation(
+        session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
+    )
     if alloc.status != S.active:
         raise Conflict(
             f"volumes attach to active allocations; this one is {alloc.status}", code="allocation_not_active"
         )
-    return await _attach(
+    state = await _attach(
         session, principal, alloc_id, alloc.project_id, volume_id, emit_task=True, host_id=alloc.host_id
     )
+    await _update_alloc(session, alloc_id)
+    return state
 
 
 async def detach_volume(
-    session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, volume_id: uuid.UUID
+    session: AsyncSession,
+    principal: Principal,
+    alloc_id: uuid.UUID,
+    volume_id: uuid.UUID,
+    *,
+    expected_version: int | None = None,
 ) -> VolumeState:
-    alloc = await load_allocation(session, principal, alloc_id, "allocations.update", lock=True)
+    """Detach from an active allocation (the data stays); the allocation's version moves on."""
+    alloc = await load_allocation(
+        session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
+    )
     if alloc.status != S.active:
         raise Conflict(
             f"volumes detach from active allocations; this one is {alloc.status}", code="allocation_not_active"
@@ -239,6 +257,7 @@ async def detach_volume(
     if gone is None:
         raise NotFound("the volume is not attached to this allocation", code="volume_not_attached")
     state = await _after_detach(session, volume_id, principal.actor, delete_if_unused=False)
+    await _update_alloc(session, alloc_id)
     await _enqueue(
         session,
         alloc.host_id,
