@@ -30,7 +30,9 @@ from gpuaas.kit.tables import outbox
 log = get_logger(__name__)
 
 # Fault injection for the crash-between-publish-and-mark test: the relay SIGKILLs its own
-# process right after the broker acknowledged a batch and before the rows are marked sent.
+# process right after the broker acknowledged a batch of at least N rows (the variable's value) and
+# before the rows are marked sent. The size keeps the few events a service may still have pending when it
+# restarts from setting it off before the test's own batch.
 FAULT_KILL_AFTER_PUBLISH = "GPUAAS_FAULT_RELAY_KILL_AFTER_PUBLISH"
 
 
@@ -167,7 +169,7 @@ class OutboxRelay:
                 )
             # acks=all: every record of the batch is durable on the broker before we mark it.
             await asyncio.wait_for(asyncio.gather(*futures), self.publish_timeout_s)
-            if os.environ.get(FAULT_KILL_AFTER_PUBLISH):
+            if len(rows) >= int(os.environ.get(FAULT_KILL_AFTER_PUBLISH) or 0) > 0:
                 log.warning("fault_injection_kill_after_publish", rows=len(rows))
                 os.kill(os.getpid(), signal.SIGKILL)
             await session.execute(
