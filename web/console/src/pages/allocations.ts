@@ -131,6 +131,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
   const metrics = h("section", { "aria-labelledby": "h-metrics", id: "metrics" });
   const seen = new Set<number>();
   let confirmingRelease = false;
+  let resizeWanted: string | null = null; // what the user typed survives live repaints
 
   const act = async (what: string, path: string, body?: Obj) => {
     notice.textContent = `${what}…`;
@@ -170,7 +171,8 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
         h("dd", null, alloc.after_release ?? "—"),
       ),
     );
-    const resizeInput = h("input", { type: "number", min: 1, max: 64, value: alloc.gpu_count, "aria-label": "New GPU count", class: "small" });
+    const resizeInput = h("input", { type: "number", min: 1, max: 64, value: resizeWanted ?? alloc.gpu_count, "aria-label": "New GPU count", class: "small" });
+    resizeInput.addEventListener("input", () => { resizeWanted = resizeInput.value; });
     // The confirmation outlives repaints (live updates redraw the actions while the user decides).
     const release = h("button", { type: "button", class: "danger", id: "release" }, confirmingRelease ? "Confirm release" : "Release");
     release.addEventListener("click", () => {
@@ -187,7 +189,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
       ACTIVE_ACTIONS.has(alloc.status) ? h("a", { class: "button", href: `#/allocations/${id}/terminal` }, "Open terminal") : null,
       ACTIVE_ACTIONS.has(alloc.status) ? h("button", { type: "button", onclick: () => act("Restart", "restart") }, "Restart") : null,
       ACTIVE_ACTIONS.has(alloc.status) && alloc.shape === "gpu_slice"
-        ? h("span", { class: "inline" }, resizeInput, h("button", { type: "button", onclick: () => act("Resize", "resize", { gpu_count: Number(resizeInput.value) }) }, "Resize"))
+        ? h("span", { class: "inline" }, resizeInput, h("button", { type: "button", onclick: () => { resizeWanted = null; void act("Resize", "resize", { gpu_count: Number(resizeInput.value) }); } }, "Resize"))
         : null,
       ["active", "failed", "provisioning", "requested"].includes(alloc.status) ? release : null,
       alloc.status === "release_failed" ? h("button", { type: "button", class: "danger", onclick: () => act("Retry release", "retry-release") }, "Retry release") : null,
@@ -216,7 +218,19 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
           g.origin,
           badge(g.status),
           g.status === "active"
-            ? h("button", { type: "button", class: "secondary", onclick: async () => { await del(`${A}/allocations/${id}/ssh-grants/${g.grant_id}`).catch(() => null); await loadSsh(); } }, "Revoke")
+            ? h("button", {
+                type: "button",
+                class: "secondary",
+                onclick: async () => {
+                  try {
+                    await del(`${A}/allocations/${id}/ssh-grants/${g.grant_id}`);
+                    await loadSsh();
+                  } catch (ex) {
+                    err.textContent = `Revoke failed: ${describe(ex)}`;
+                    err.hidden = false;
+                  }
+                },
+              }, "Revoke")
             : "",
         ]),
       ),
