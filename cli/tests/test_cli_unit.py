@@ -1,20 +1,25 @@
 """The CLI's own logic without a platform: endpoint resolution, config file, KEY=VALUE inputs, and how
-problems and connection failures turn into messages and exit codes (against real local HTTP servers)."""
+problems and connection failures turn into messages and exit codes (against real local HTTP servers), and
+the PKCE challenge `login --sso` starts with."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import stat
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import typer
+from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from typer.testing import CliRunner
 
+from gpuaas.cli import sso
 from gpuaas.cli.config import DEFAULT_URL, Config, resolve_url
 from gpuaas.cli.main import _parse_config, app
 
@@ -108,3 +113,28 @@ def test_not_signed_in_says_so(problem_server: str) -> None:
     result = CliRunner().invoke(app, ["--url", problem_server, "whoami"])
     assert result.exit_code == 1
     assert "run `gpuaas login`" in result.output
+
+
+def test_sso_start_url_carries_the_s256_challenge_of_the_listeners_verifier() -> None:
+    """`login --sso` binds the login code to this process: the start URL carries S256(verifier), the
+    verifier itself stays in the process until the exchange."""
+    with sso.LoopbackListener() as one, sso.LoopbackListener() as two:
+        assert one.code_verifier != two.code_verifier
+        for listener in (one, two):
+            assert re.fullmatch(r"[A-Za-z0-9_-]{43,128}", listener.code_verifier)
+            assert sso.s256(listener.code_verifier) == create_s256_code_challenge(listener.code_verifier)
+        url = sso.start_url(
+            "http://gw/api/identity/auth/sso/start?idp_id=abc",
+            email="a@corp.example",
+            return_to=one.redirect_uri,
+            code_verifier=one.code_verifier,
+        )
+    query = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+    assert query == {
+        "idp_id": "abc",
+        "email": "a@corp.example",
+        "return_to": one.redirect_uri,
+        "code_challenge": create_s256_code_challenge(one.code_verifier),
+        "code_challenge_method": "S256",
+    }
+    assert one.code_verifier not in url

@@ -10,7 +10,9 @@ single-use state, and `sso_required` for password logins once the tenant enforce
 Completing the login at the user's surface: `return_to` (the console, or the CLI's loopback listener;
 anything else refused, never an open redirect), the 302 back with a single-use login code (never the
 tokens), its exchange at `POST /auth/token` exactly once, errors handed back as `error=<code>`; the
-console signing in through SSO in a real Chromium, and `gpuaas login --sso` as a process.
+code bound to the client that started the login (RFC 7636 S256: a start with return_to needs a
+code_challenge, the exchange its code_verifier; a wrong or missing one spends the code); the console
+signing in through SSO in a real Chromium, and `gpuaas login --sso` as a process.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from authlib.oauth2.rfc7636 import create_s256_code_challenge
 
 from gpuaas.devstack.infra import Tansu, free_port, stop_process
 from gpuaas.devstack.stack import Stack
@@ -161,12 +164,25 @@ def hidden_fields(page: str) -> dict[str, str]:
     return dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page))
 
 
+def pkce(verifier: str) -> dict[str, str]:
+    """The start parameters binding the login code to the holder of `verifier` (RFC 7636 S256)."""
+    return {"code_challenge": create_s256_code_challenge(verifier), "code_challenge_method": "S256"}
+
+
 async def sso_login(
-    gateway: str, email: str, password: str = PASSWORD, *, return_to: str | None = None
+    gateway: str,
+    email: str,
+    password: str = PASSWORD,
+    *,
+    return_to: str | None = None,
+    code_verifier: str | None = None,
 ) -> httpx.Response:
-    """What a browser does: start at the gateway, sign in at the IdP's form, come back to the callback
-    (whose answer is returned, not followed)."""
-    params = {"email": email, **({"return_to": return_to} if return_to else {})}
+    """What a browser does: start at the gateway (with return_to, the client's S256 challenge of
+    `code_verifier`), sign in at the IdP's form, come back to the callback (whose answer is returned,
+    not followed)."""
+    params = {"email": email}
+    if return_to:
+        params.update(return_to=return_to, **pkce(code_verifier or secrets.token_urlsafe(32)))
     async with httpx.AsyncClient(timeout=30) as browser:
         start = await browser.get(f"{gateway}/api/identity/auth/sso/start", params=params)
         assert start.status_code == 302, start.text
@@ -315,22 +331,38 @@ async def test_sso_return_to_login_code(stack: Stack, gw: httpx.AsyncClient, idp
             assert r.json()["code"] == "invalid_return_to", bad
         stored = "SELECT count(*) FROM sso_states WHERE return_to = ANY($1::text[])"
         assert await stack.fetchval("identity", stored, refused) == 0
-        # The console and a loopback listener are fine.
-        for good in (f"{stack.gateway_url}/", "/?from=path", "http://127.0.0.1:45123/callback?cli_state=x"):
+        # The console and a loopback listener are fine, with the client's S256 challenge; without one (or
+        # with another method) they are refused too: the login code is always bound to its client.
+        verifier = secrets.token_urlsafe(32)
+        goods = [f"{stack.gateway_url}/", "/?from=path", "http://127.0.0.1:45123/callback?cli_state=x"]
+        for good in goods:
             r = await c.get(start, params={"email": email, "return_to": good})
+            assert r.status_code == 400 and r.json()["code"] == "code_challenge_required", (good, r.text)
+            plain = {"code_challenge": verifier, "code_challenge_method": "plain"}
+            r = await c.get(start, params={"email": email, "return_to": good, **plain})
+            assert r.status_code == 400 and r.json()["code"] == "invalid_code_challenge", (good, r.text)
+        with_return_to = "SELECT count(*) FROM sso_states WHERE idp_id = $1 AND return_to IS NOT NULL"
+        assert await stack.fetchval("identity", with_return_to, uuid.UUID(acme.idp_id)) == 0
+        for good in goods:
+            r = await c.get(start, params={"email": email, "return_to": good, **pkce(verifier)})
             assert r.status_code == 302 and r.headers["location"].startswith(f"{idp.url}/oauth/authorize?"), good
+        challenges = "SELECT client_code_challenge FROM sso_states WHERE idp_id = $1 AND return_to IS NOT NULL"
+        rows = await stack.fetch("identity", challenges, uuid.UUID(acme.idp_id))
+        assert [r["client_code_challenge"] for r in rows] == [create_s256_code_challenge(verifier)] * len(goods)
 
     # A login with return_to comes back there with a single-use code, not the tokens.
     await idp.user(email)
     console = f"{stack.gateway_url}/?sso=n0nce"
-    r = await sso_login(stack.gateway_url, email, return_to=console)
+    verifier = secrets.token_urlsafe(48)
+    r = await sso_login(stack.gateway_url, email, return_to=console, code_verifier=verifier)
     assert r.status_code == 302, r.text
     callback_url, back = r.extensions["callback_url"], r.headers["location"]
     assert back.startswith(f"{console}&login_code=slc_"), back
     assert "access_token" not in back and "refresh_token" not in back
     code = parse_qs(urlsplit(back).query)["login_code"][0]
     async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as c:
-        r = await c.post("/api/identity/auth/token", data={"grant_type": "sso_login_code", "code": code})
+        exchange = {"grant_type": "sso_login_code", "code": code, "code_verifier": verifier}
+        r = await c.post("/api/identity/auth/token", data=exchange)
         assert r.status_code == 200, r.text
         tokens = r.json()
         assert tokens["link_method"] == "jit" and tokens["refresh_token"] and tokens["session_id"]
@@ -338,7 +370,7 @@ async def test_sso_return_to_login_code(stack: Stack, gw: httpx.AsyncClient, idp
         assert me.status_code == 200 and me.json()["email"] == email and me.json()["tenant_id"] == acme.tenant_id
         # Exactly once: a replay (or an unknown code) is invalid_grant, and opens no second session.
         for attempt in (code, "slc_unknown"):
-            r = await c.post("/api/identity/auth/token", data={"grant_type": "sso_login_code", "code": attempt})
+            r = await c.post("/api/identity/auth/token", data={**exchange, "code": attempt})
             assert r.status_code == 400 and r.json()["code"] == "invalid_grant", r.text
         sessions = (
             "SELECT count(*) FROM sessions s JOIN users u USING (user_id) WHERE u.email = $1 AND s.method = 'sso'"
@@ -349,6 +381,38 @@ async def test_sso_return_to_login_code(stack: Stack, gw: httpx.AsyncClient, idp
         assert r.status_code == 302, r.text
         query = parse_qs(urlsplit(r.headers["location"]).query)
         assert query["error"] == ["sso_state_invalid"] and "login_code" not in query
+
+    # Someone who saw the redirect URL (history, a log, a referrer) holds the code but not the verifier: a
+    # wrong or missing verifier is invalid_grant AND spends the code, so the right verifier afterwards
+    # fails too; no session is opened, and the refusal is audited.
+    for wrong in ({"code_verifier": secrets.token_urlsafe(48)}, {}):
+        verifier = secrets.token_urlsafe(48)
+        r = await sso_login(stack.gateway_url, email, return_to=console, code_verifier=verifier)
+        assert r.status_code == 302, r.text
+        code = parse_qs(urlsplit(r.headers["location"]).query)["login_code"][0]
+        bound = "SELECT code_challenge FROM sso_login_codes WHERE idp_id = $1 AND used_at IS NULL"
+        assert await stack.fetchval("identity", bound, uuid.UUID(acme.idp_id)) == create_s256_code_challenge(verifier)
+        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as c:
+            r = await c.post("/api/identity/auth/token", data={"grant_type": "sso_login_code", "code": code, **wrong})
+            assert r.status_code == 400 and r.json()["code"] == "invalid_grant", r.text
+            assert "access_token" not in r.json()
+            right = {"grant_type": "sso_login_code", "code": code, "code_verifier": verifier}
+            r = await c.post("/api/identity/auth/token", data=right)
+            assert r.status_code == 400 and r.json()["code"] == "invalid_grant", r.text
+        assert await stack.fetchval("identity", bound, uuid.UUID(acme.idp_id)) is None  # spent
+        assert await stack.fetchval("identity", sessions, email) == 1  # still only the first login's
+
+    async def refusals_audited() -> bool:
+        rows = (
+            await gw.get(
+                "/api/identity/audit",
+                params={"tenant_id": acme.tenant_id, "action": "identity.session.create"},
+            )
+        ).json()["items"]
+        reasons = {x["reason"] for x in rows if x["outcome"] == "denied"}
+        return {"code_verifier_mismatch", "code_verifier_missing"} <= reasons
+
+    await eventually(refusals_audited, 30, "the refused exchanges' audit records")
 
     # A refusal (the IdP did not verify the email) goes back as error=<code>, never with a code.
     mallory = f"mallory@{acme.domain}"
@@ -378,8 +442,12 @@ async def test_cli_login_sso(stack: Stack, gw: httpx.AsyncClient, idp: Enterpris
             printed.append(line)
         url = next(line for line in printed if "/auth/sso/start?" in line).strip()
         assert url.startswith(f"{stack.gateway_url}/api/identity/auth/sso/start?")
-        return_to = parse_qs(urlsplit(url).query)["return_to"][0]
+        started = parse_qs(urlsplit(url).query)
+        return_to = started["return_to"][0]
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/callback\?cli_state=[\w-]+", return_to), return_to
+        # Bound to the CLI process: the S256 challenge is in the URL, the verifier only in the process.
+        assert started["code_challenge_method"] == ["S256"], started
+        assert re.fullmatch(r"[\w-]{43}", started["code_challenge"][0]), started
         async with httpx.AsyncClient(timeout=30, follow_redirects=True) as browser:
             form = await browser.get(url)  # the gateway redirects to the IdP's login form
             assert form.status_code == 200 and str(form.url).startswith(f"{idp.url}/oauth/authorize"), form.text
@@ -407,9 +475,10 @@ async def test_cli_login_sso(stack: Stack, gw: httpx.AsyncClient, idp: Enterpris
     rc, _, err_text = await cli("login", "--sso", "--no-browser", "--email", "someone@gmail.com", ok=False)
     assert rc == 1 and "sso_not_configured" in err_text and "Traceback" not in err_text
     used = (
-        "SELECT count(*) FROM sso_login_codes c JOIN users u USING (user_id) WHERE u.email = $1 AND used_at IS NOT NULL"
+        "SELECT c.code_challenge FROM sso_login_codes c JOIN users u USING (user_id)"
+        " WHERE u.email = $1 AND used_at IS NOT NULL"
     )
-    assert await stack.fetchval("identity", used, email) == 1
+    assert [r["code_challenge"] for r in await stack.fetch("identity", used, email)] == started["code_challenge"]
 
 
 async def test_console_sso_login(stack: Stack, gw: httpx.AsyncClient, idp: EnterpriseIdP) -> None:
@@ -433,6 +502,7 @@ async def test_console_sso_login(stack: Stack, gw: httpx.AsyncClient, idp: Enter
         timeout_s=300,
     )
     assert result["landed"] == f"{stack.gateway_url}/#/allocations"
+    assert result["pkce"]["challenge_method"] == "S256" and result["pkce"]["verifier_length"] >= 43
     assert "email_not_verified" in result["refusal"]
     assert len(result["screenshots"]) >= 5
     # The browser's session is a real SSO session of the JIT-provisioned user, through this IdP.

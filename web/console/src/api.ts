@@ -97,9 +97,10 @@ export async function login(email: string, password: string): Promise<void> {
   adopt(body);
 }
 
-/** Finish an SSO login: exchange the single-use code the identity service handed back for a session. */
-export async function exchangeLoginCode(code: string): Promise<void> {
-  const form = new URLSearchParams({ grant_type: "sso_login_code", code });
+/** Finish an SSO login: exchange the single-use code the identity service handed back for a session,
+ * proving with the PKCE verifier that this browser started the login. */
+export async function exchangeLoginCode(code: string, codeVerifier: string): Promise<void> {
+  const form = new URLSearchParams({ grant_type: "sso_login_code", code, code_verifier: codeVerifier });
   const resp = await raw("POST", "/api/identity/auth/token", { body: form });
   const body = (await parse(resp)) as Record<string, unknown>;
   if (!resp.ok) throw new ApiError(resp.status, body as Problem);

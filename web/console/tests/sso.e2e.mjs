@@ -2,10 +2,13 @@
 // organisation, the browser goes to the enterprise IdP (another identity process) and signs in on its
 // form, comes back to the console with a single-use login code that the console exchanges; the user
 // lands signed in and the code is gone from the address bar. Then a refused sign-in (the IdP did not
-// verify the email) comes back with its error shown inline on the login page.
+// verify the email) comes back with its error shown inline on the login page. The login code is bound
+// to this browser (RFC 7636): the start carries an S256 challenge, the exchange the verifier whose SHA-256
+// it is, and the verifier is gone from sessionStorage afterwards.
 //
 //   GATEWAY_URL, SSO_EMAIL, SSO_PASSWORD, REFUSED_EMAIL, IDP_NAME, SCREENSHOT_DIR, CHROMIUM
 //     node tests/sso.e2e.mjs
+import { createHash } from "node:crypto";
 import { env, openBrowser } from "./browser.mjs";
 
 const BASE = env("GATEWAY_URL").replace(/\/$/, "");
@@ -17,6 +20,15 @@ const IDP_NAME = env("IDP_NAME");
 const b = await openBrowser();
 const { page, step, shot, checkA11y, heading } = b;
 const result = { landed: null };
+
+// The SSO start (a navigation to the gateway) and the login code exchange, as the browser sent them.
+const seen = { start: null, exchange: null };
+page.on("request", (req) => {
+  if (req.url().includes("/api/identity/auth/sso/start?")) seen.start = new URL(req.url());
+  if (req.url().endsWith("/api/identity/auth/token") && (req.postData() ?? "").includes("sso_login_code")) {
+    seen.exchange = new URLSearchParams(req.postData());
+  }
+});
 
 async function ssoThroughIdp(email) {
   await page.goto(BASE + "/");
@@ -55,6 +67,16 @@ await b.run(result, async () => {
     if (url.search || url.href.includes("login_code")) throw new Error(`the login code stayed in the URL: ${url.href}`);
     if (url.hash !== "#/allocations") throw new Error(`landed at ${url.href}`);
     result.landed = url.href;
+    const challenge = seen.start?.searchParams.get("code_challenge");
+    const verifier = seen.exchange?.get("code_verifier");
+    if (seen.start?.searchParams.get("code_challenge_method") !== "S256") throw new Error(`start: ${seen.start}`);
+    if (!verifier || !/^[A-Za-z0-9_-]{43,128}$/.test(verifier)) throw new Error(`exchange verifier: ${verifier}`);
+    if (createHash("sha256").update(verifier).digest("base64url") !== challenge) {
+      throw new Error(`the exchanged verifier is not the one the start's challenge ${challenge} was made of`);
+    }
+    if (seen.start.href.includes(verifier)) throw new Error("the verifier left the browser at the start");
+    if (await page.evaluate(() => sessionStorage.getItem("gpuaas.sso-pending"))) throw new Error("the verifier was kept");
+    result.pkce = { challenge_method: "S256", verifier_length: verifier.length };
     await checkA11y("signed in through sso");
     await shot("sso-signed-in");
   });

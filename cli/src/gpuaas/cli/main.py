@@ -197,10 +197,13 @@ def login(
 async def _sso_login(
     st: State, c: Client, found: dict[str, Any], email: str, *, open_browser: bool, timeout_s: float
 ) -> dict[str, Any]:
-    """The browser flow: a loopback listener receives the single-use login code, exchanged here."""
+    """The browser flow: a loopback listener receives the single-use login code, exchanged here with the
+    PKCE verifier whose challenge the start carried."""
     idp = found["identity_provider"]
     with sso_flow.LoopbackListener() as listener:
-        url = sso_flow.start_url(idp["sso_start_url"], email=email, return_to=listener.redirect_uri)
+        url = sso_flow.start_url(
+            idp["sso_start_url"], email=email, return_to=listener.redirect_uri, code_verifier=listener.code_verifier
+        )
         err.print(f"Work account of {found['tenant']['name']}: sign in with {idp['name']} in your browser:")
         err.print(f"  {url}", highlight=False, soft_wrap=True)
         err.print("Waiting for the sign-in to finish…")
@@ -214,7 +217,11 @@ async def _sso_login(
     body = await c.request(
         "POST",
         "/api/identity/auth/token",
-        data={"grant_type": "sso_login_code", "code": back.get("login_code", "")},
+        data={
+            "grant_type": "sso_login_code",
+            "code": back.get("login_code", ""),
+            "code_verifier": listener.code_verifier,
+        },
         authenticated=False,
     )
     return {**await _signed_in(st, c, email, body), "method": "sso", "link_method": body.get("link_method")}

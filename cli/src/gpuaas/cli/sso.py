@@ -4,10 +4,16 @@ The CLI listens on 127.0.0.1 on a random port, starts the SSO login with `return
 listener (plus a random `cli_state` it checks on the way back), prints (and opens) the URL, and waits.
 The identity service sends the browser back with a single-use `login_code` (never the tokens), which
 the CLI exchanges at `POST /auth/token` (grant_type=sso_login_code).
+
+The code is bound to this process (RFC 7636 S256): the start carries the SHA-256 of a random
+`code_verifier` that never leaves the process until the exchange, so a login code seen elsewhere (the
+browser's history, a log) cannot be redeemed by anyone else.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import queue
 import secrets
@@ -19,11 +25,18 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 PATH = "/callback"
 
 
+def s256(verifier: str) -> str:
+    """RFC 7636 S256: base64url (unpadded) of the verifier's SHA-256."""
+    return base64.urlsafe_b64encode(hashlib.sha256(verifier.encode("ascii")).digest()).rstrip(b"=").decode()
+
+
 class LoopbackListener:
-    """A one-shot HTTP listener on 127.0.0.1:<random port> that hands the callback's query to `wait`."""
+    """A one-shot HTTP listener on 127.0.0.1:<random port> that hands the callback's query to `wait`;
+    it also holds this login's PKCE `code_verifier` (64 random bytes: 86 base64url characters)."""
 
     def __init__(self) -> None:
         self.state = secrets.token_urlsafe(16)
+        self.code_verifier = secrets.token_urlsafe(64)
         self._results: queue.Queue[dict[str, str]] = queue.Queue(maxsize=1)
         listener = self
 
@@ -82,9 +95,10 @@ class LoopbackListener:
             raise TimeoutError(f"no sign-in came back within {timeout_s:.0f}s") from None
 
 
-def start_url(sso_start_url: str, *, email: str, return_to: str) -> str:
-    """The discovery's `sso_start_url` with the login hint and the loopback return_to."""
+def start_url(sso_start_url: str, *, email: str, return_to: str, code_verifier: str) -> str:
+    """The discovery's `sso_start_url` with the login hint, the loopback return_to and the S256
+    challenge of `code_verifier`."""
     parts = urlsplit(sso_start_url)
     query: dict[str, Any] = {k: v[0] for k, v in parse_qs(parts.query).items()}
-    query.update(email=email, return_to=return_to)
+    query.update(email=email, return_to=return_to, code_challenge=s256(code_verifier), code_challenge_method="S256")
     return urlunsplit(parts._replace(query=urlencode(query)))

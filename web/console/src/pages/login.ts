@@ -5,20 +5,55 @@ import { go } from "../main";
 
 type Tab = "work" | "personal";
 
-// Single sign-on: the browser leaves for the IdP with return_to = this console plus a random value kept
-// in sessionStorage; the identity service sends it back with `login_code` (single use) or `error`.
+// Single sign-on: the browser leaves for the IdP with return_to = this console plus a random value, and
+// the S256 challenge of a random PKCE verifier (RFC 7636); both are kept in sessionStorage. The identity
+// service sends the browser back with `login_code` (single use) or `error`; only the verifier redeems the
+// code, so a code seen in the history or a log is worthless elsewhere.
 const SSO_KEY = "gpuaas.sso-pending";
 let ssoError: string | null = null;
 
-function ssoStart(startUrl: string, email: string): string {
+interface SsoPending {
+  nonce: string;
+  verifier: string;
+}
+
+function base64url(bytes: Uint8Array): string {
+  let bin = "";
+  for (const b of bytes) bin += String.fromCharCode(b);
+  return btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+/** A PKCE code verifier (48 random bytes: 64 base64url characters) and its S256 challenge. */
+async function pkcePair(): Promise<{ verifier: string; challenge: string }> {
+  const verifier = base64url(crypto.getRandomValues(new Uint8Array(48)));
+  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier));
+  return { verifier, challenge: base64url(new Uint8Array(digest)) };
+}
+
+async function ssoStart(startUrl: string, email: string): Promise<string> {
+  if (!globalThis.isSecureContext || !crypto.subtle) {
+    throw new Error("Single sign-on needs this console over HTTPS (or on 127.0.0.1): the browser's crypto is unavailable.");
+  }
   const nonce = crypto.randomUUID();
-  sessionStorage.setItem(SSO_KEY, nonce);
+  const { verifier, challenge } = await pkcePair();
+  sessionStorage.setItem(SSO_KEY, JSON.stringify({ nonce, verifier } satisfies SsoPending));
   const back = new URL(location.pathname, location.origin);
   back.searchParams.set("sso", nonce);
   const url = new URL(startUrl, location.origin);
   url.searchParams.set("email", email);
   url.searchParams.set("return_to", back.toString());
+  url.searchParams.set("code_challenge", challenge);
+  url.searchParams.set("code_challenge_method", "S256");
   return url.toString();
+}
+
+function ssoPending(): SsoPending | null {
+  try {
+    const value = JSON.parse(sessionStorage.getItem(SSO_KEY) ?? "null") as Partial<SsoPending> | null;
+    return value?.nonce && value.verifier ? { nonce: value.nonce, verifier: value.verifier } : null;
+  } catch {
+    return null;
+  }
 }
 
 /** On load: finish an SSO login that came back to the console (exchange the code, store the session),
@@ -26,17 +61,17 @@ function ssoStart(startUrl: string, email: string): string {
 export async function completeSsoReturn(): Promise<void> {
   const q = new URLSearchParams(location.search);
   if (!q.has("sso")) return;
-  const expected = sessionStorage.getItem(SSO_KEY);
-  sessionStorage.removeItem(SSO_KEY);
+  const pending = ssoPending();
+  sessionStorage.removeItem(SSO_KEY); // the nonce and the verifier serve one return only
   const code = q.get("login_code");
   history.replaceState(null, "", `${location.pathname}#${code && !q.get("error") ? "/allocations" : "/login"}`);
-  if (!expected || q.get("sso") !== expected) {
+  if (!pending || q.get("sso") !== pending.nonce) {
     ssoError = "This sign-in was not started from this browser: start it again. (sso_state_mismatch)";
   } else if (q.get("error")) {
     ssoError = `Single sign-on failed: ${q.get("error_description") || "the sign-in was refused"} (${q.get("error")})`;
   } else if (code) {
     try {
-      await exchangeLoginCode(code);
+      await exchangeLoginCode(code, pending.verifier);
     } catch (ex) {
       ssoError = `Single sign-on failed: ${describe(ex)}`;
     }
@@ -126,6 +161,7 @@ function workForm(panel: HTMLElement): void {
 function showDiscovery(box: HTMLElement, d: Obj, email: string): void {
   if (d.account_type === "work" && d.identity_provider) {
     const idp = d.identity_provider;
+    const startErr = errorBox();
     clear(
       box,
       h("p", { class: "found" }, `Work account of ${d.tenant?.name ?? "your organisation"}.`),
@@ -135,13 +171,18 @@ function showDiscovery(box: HTMLElement, d: Obj, email: string): void {
           class: "button primary",
           href: idp.sso_start_url,
           id: "sso-start",
-          onclick: (e: Event) => {
+          onclick: async (e: Event) => {
             e.preventDefault();
-            location.assign(ssoStart(idp.sso_start_url, email));
+            try {
+              location.assign(await ssoStart(idp.sso_start_url, email));
+            } catch (ex) {
+              showError(startErr, describe(ex));
+            }
           },
         },
         `Continue with ${idp.name}`,
       ),
+      startErr,
       idp.enforce_sso ? h("p", { class: "muted" }, "Your organisation requires single sign-on.") : null,
     );
     if (!idp.enforce_sso) {

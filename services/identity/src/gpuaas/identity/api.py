@@ -354,7 +354,9 @@ async def token(
 ) -> Any:
     """The OAuth2 token endpoint: `password` (local users), `refresh_token` (rotating),
     `client_credentials` (project service accounts; HTTP Basic or form), `authorization_code` (+PKCE),
-    `sso_login_code` (the single-use `code` a finished SSO login handed to its `return_to`)."""
+    `sso_login_code` (the single-use `code` a finished SSO login handed to its `return_to`, with the
+    `code_verifier` of the S256 challenge its start carried; a missing or wrong one is `invalid_grant`
+    and spends the code)."""
     kit = _kit(request)
     settings = kit.settings
     if grant_type == "password":
@@ -366,7 +368,9 @@ async def token(
     if grant_type == SSO_LOGIN_CODE_GRANT:
         if not code:
             raise Unprocessable("code is required", code="invalid_request")
-        return await sso.exchange_login_code(kit.sessions, settings, code=code, client=_client(request))
+        return await sso.exchange_login_code(
+            kit.sessions, settings, code=code, code_verifier=code_verifier, client=_client(request)
+        )
     if grant_type == "refresh_token":
         if not refresh_token:
             raise Unprocessable("refresh_token is required", code="invalid_request")
@@ -435,6 +439,18 @@ async def sso_start(
             "page of this platform or the CLI's loopback `http://127.0.0.1:<port>/...`; else 400 invalid_return_to",
         ),
     ] = None,
+    code_challenge: Annotated[
+        str | None,
+        Query(
+            max_length=128,
+            description="required with return_to (else 400 code_challenge_required): the base64url SHA-256 of "
+            "a random `code_verifier` (RFC 7636 S256) that the client keeps and sends with the login code to "
+            "`POST /auth/token`, so only the client that started the login can redeem it",
+        ),
+    ] = None,
+    code_challenge_method: Annotated[
+        str | None, Query(max_length=10, description="`S256`, the only method (else 400 invalid_code_challenge)")
+    ] = None,
 ) -> Any:
     """Begin an enterprise SSO login (authorization code + PKCE): redirects to the tenant's IdP."""
     url = await sso.start(
@@ -444,6 +460,8 @@ async def sso_start(
         idp_id=idp_id,
         email=str(email) if email else None,
         return_to=return_to,
+        code_challenge=code_challenge,
+        code_challenge_method=code_challenge_method,
     )
     return RedirectResponse(url, status_code=302)
 

@@ -218,6 +218,9 @@ sso_states = Table(
     # Where the browser goes back after the callback (the console, or the CLI's loopback listener),
     # validated at start; None: the callback answers the token pair as JSON.
     Column("return_to", Text),
+    # The S256 challenge of the client that started the login (RFC 7636, required with return_to);
+    # copied to the login code, whose exchange must present the verifier. Not the IdP-side PKCE above.
+    Column("client_code_challenge", Text),
 )
 
 # The outcome of a completed SSO login handed to `return_to`: a short-lived, single-use code that
@@ -230,6 +233,9 @@ sso_login_codes = Table(
     Column("idp_id", UUID(as_uuid=True), ForeignKey("identity_providers.idp_id"), nullable=False),
     Column("link_method", Text, nullable=False),
     Column("return_to", Text, nullable=False),
+    # The starting client's S256 challenge: the exchange presents its verifier (None only for codes
+    # issued before identity_0005, which expire within a minute of the upgrade).
+    Column("code_challenge", Text),
     _ts("created_at"),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     _ts("used_at", nullable=True),

@@ -10,11 +10,17 @@ Linking rules (ARCHITECTURE §5): a federated login resolves, in order,
 A new user is never created when one with the email exists, so no duplicates. Every link is
 recorded (table, `federated_identity.linked` event, audit record); refusals are audited too.
 
+A login started with `return_to` ends with a single-use login code in a URL; the code is bound to the
+client that started the login by that client's own PKCE S256 challenge (required with `return_to`),
+and only its verifier redeems it (a wrong or missing one spends the code).
+
 Network calls to the IdP (discovery, token exchange, JWKS) happen between transactions, never in one.
 """
 
 from __future__ import annotations
 
+import hmac
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -60,6 +66,51 @@ class IdpError(Problem):
 
 class InvalidReturnTo(Problem):
     status, code, title = 400, "invalid_return_to", "Invalid return_to"
+
+
+class CodeChallengeRequired(Problem):
+    status, code, title = 400, "code_challenge_required", "PKCE code challenge required"
+
+
+class InvalidCodeChallenge(Problem):
+    status, code, title = 400, "invalid_code_challenge", "Invalid PKCE code challenge"
+
+
+# RFC 7636: an S256 challenge is the base64url (unpadded) SHA-256 of the verifier, 43 characters; a
+# verifier is 43-128 characters of the unreserved set.
+S256_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
+CODE_VERIFIER = re.compile(r"[A-Za-z0-9._~-]{43,128}")
+
+
+def validate_client_challenge(
+    return_to: str | None, code_challenge: str | None, code_challenge_method: str | None
+) -> str | None:
+    """The starting client's PKCE challenge, which binds the login code handed to `return_to` to that
+    client: whoever sees the redirect URL (history, logs, a referrer) cannot redeem the code without the
+    verifier. Required with `return_to` (the console and the CLI both send one); S256 only; meaningless
+    without `return_to` (the callback then answers the tokens itself)."""
+    if code_challenge is None and code_challenge_method is None:
+        if return_to is not None:
+            raise CodeChallengeRequired(
+                "a login with return_to needs code_challenge (S256 of a random code_verifier, RFC 7636) "
+                "and code_challenge_method=S256"
+            )
+        return None
+    if return_to is None:
+        raise InvalidCodeChallenge("code_challenge binds the login code handed to return_to: pass return_to")
+    if code_challenge_method != "S256":
+        raise InvalidCodeChallenge("code_challenge_method must be S256 (the only method supported)")
+    if code_challenge is None or not S256_CHALLENGE.fullmatch(code_challenge):
+        raise InvalidCodeChallenge("code_challenge must be the 43-character base64url S256 of the code_verifier")
+    return code_challenge
+
+
+def verifier_matches(code_challenge: str, code_verifier: str | None) -> bool:
+    return (
+        code_verifier is not None
+        and CODE_VERIFIER.fullmatch(code_verifier) is not None
+        and hmac.compare_digest(create_s256_code_challenge(code_verifier), code_challenge)
+    )
 
 
 @dataclass(frozen=True)
@@ -285,11 +336,14 @@ async def start(
     idp_id: uuid.UUID | None,
     email: str | None,
     return_to: str | None = None,
+    code_challenge: str | None = None,
+    code_challenge_method: str | None = None,
 ) -> str:
-    """Create a single-use state with a PKCE verifier and nonce (and the validated `return_to`);
-    return the IdP authorization URL."""
+    """Create a single-use state with a PKCE verifier and nonce (and the validated `return_to` with the
+    client's own S256 challenge); return the IdP authorization URL."""
     if return_to is not None:
         return_to = validate_return_to(settings, return_to)
+    client_challenge = validate_client_challenge(return_to, code_challenge, code_challenge_method)
     async with sessions_() as session:
         if idp_id is not None:
             idp = (
@@ -318,6 +372,7 @@ async def start(
                 redirect_uri=redirect_uri,
                 expires_at=now() + timedelta(seconds=settings.sso_state_ttl_s),
                 return_to=return_to,
+                client_code_challenge=client_challenge,
             )
         )
     query = {
@@ -376,6 +431,7 @@ async def callback(
                     idp_id=row.idp_id,
                     link_method=method,
                     return_to=return_to,
+                    code_challenge=row.client_code_challenge,
                     expires_at=now() + timedelta(seconds=settings.sso_login_code_ttl_s),
                 )
             )
@@ -402,6 +458,7 @@ async def _consume_state(session: AsyncSession, state: str) -> tuple[Any, bool]:
                 sso_states.c.nonce,
                 sso_states.c.redirect_uri,
                 sso_states.c.return_to,
+                sso_states.c.client_code_challenge,
                 identity_providers.c.idp_id,
                 identity_providers.c.tenant_id,
                 identity_providers.c.issuer,
@@ -471,10 +528,18 @@ async def _sign_in(
 
 
 async def exchange_login_code(
-    sessions_: async_sessionmaker[AsyncSession], settings: Settings, *, code: str, client: Client
+    sessions_: async_sessionmaker[AsyncSession],
+    settings: Settings,
+    *,
+    code: str,
+    code_verifier: str | None,
+    client: Client,
 ) -> dict[str, Any]:
     """`grant_type=sso_login_code`: the code a finished SSO login handed to return_to becomes a session,
-    exactly once (a second presentation, or an expired code, is `invalid_grant`)."""
+    exactly once (a second presentation, or an expired code, is `invalid_grant`). A code carries the
+    starting client's S256 challenge: a missing or wrong `code_verifier` is `invalid_grant` too, and the
+    code is spent all the same (committed before the refusal), so a code seen in a URL cannot be tried
+    again, not even with the right verifier afterwards."""
     async with sessions_() as session, session.begin():
         row = (
             await session.execute(
@@ -487,9 +552,30 @@ async def exchange_login_code(
             update(sso_login_codes).where(sso_login_codes.c.code_hash == row.code_hash).values(used_at=func.now())
         )
         user = (await session.execute(select(users).where(users.c.user_id == row.user_id))).one()
-        if user.status != "active":
-            raise Forbidden("this account is disabled", code="account_disabled")
-        outcome = await open_session(session, settings, user=user, method="sso", client=client, idp_id=row.idp_id)
+        refused = row.code_challenge is not None and not verifier_matches(row.code_challenge, code_verifier)
+        if refused:  # someone else's redemption (the code leaked from a URL) or a broken client: recorded
+            await audit.record(
+                session,
+                service=SERVICE,
+                actor=Actor.system("identity-sso"),
+                action="identity.session.create",
+                resource_type="user",
+                resource_id=user.user_id,
+                tenant_id=user.tenant_id,
+                outcome="denied",
+                reason="code_verifier_mismatch" if code_verifier else "code_verifier_missing",
+                after={"method": "sso", "source": client.ip, "idp_id": str(row.idp_id)},
+            )
+        else:
+            if user.status != "active":
+                raise Forbidden("this account is disabled", code="account_disabled")
+            outcome = await open_session(session, settings, user=user, method="sso", client=client, idp_id=row.idp_id)
+    if refused:  # raised only now: the code's spending (and the audit record) above are committed
+        raise Problem(
+            "the code_verifier is missing or does not match the code_challenge this sign-in started with; "
+            "the login code is spent: sign in again",
+            code="invalid_grant",
+        )
     return {**outcome, "link_method": row.link_method}
 
 
