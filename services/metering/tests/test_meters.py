@@ -153,9 +153,13 @@ async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(
     host_id = uuid.uuid4()
     t = now()
     host = al.HostState(host_id=host_id, name="gpu-07", status=al.HostStatus.ready, last_heartbeat_at=t, version=1)
-    activated = t - timedelta(minutes=50)
+    # Billing stops at the last heartbeat + grace. Put that moment inside the current hourly window (still
+    # open), so the meter's hourly closer cannot have recorded a window past it, whatever the wall clock says.
+    hour = t.replace(minute=0, second=0, microsecond=0)
+    suspend_at = hour + (t - hour) / 2
+    last_beat = suspend_at - timedelta(minutes=10)
+    activated = last_beat - timedelta(minutes=20)
     e1, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=1, host=host_id)
-    last_beat = t - timedelta(minutes=30)
     lost = al.HostHeartbeatLost.build(
         data=host.model_copy(
             update={"status": al.HostStatus.unreachable, "last_heartbeat_at": last_beat, "version": 2}
