@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
@@ -32,6 +33,32 @@ from gpuaas.kit.subscriptions import Handler, Subscriptions
 from gpuaas.kit.tables import dead_letters, inbox
 
 log = get_logger(__name__)
+
+
+T = TypeVar("T")
+
+
+async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
+    """Await an aiokafka call with a deadline that holds. `asyncio.wait_for` waits for the cancelled call to
+    finish unwinding, and an aiokafka client whose broker went away can take forever to do that (seen: a
+    consumer stuck in stop()/start() after a broker outage, its service never ready again). Here the call
+    is cancelled and left behind, and TimeoutError is raised at the deadline."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_forget)
+        raise TimeoutError(f"no answer from the broker client in {timeout_s}s")
+    return task.result()
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: an abandoned call's late error is not an unhandled-exception warning
 
 
 class EventConsumer:
@@ -107,10 +134,10 @@ class EventConsumer:
                 fetch_max_wait_ms=200,
             )
             try:
-                await asyncio.wait_for(self.consumer.start(), self.broker_timeout_s)
+                await bounded(self.consumer.start(), self.broker_timeout_s)
                 self._polling = True
+                backoff = 1.0  # joined: the next failure starts the back-off afresh
                 await self._loop()
-                backoff = 1.0
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if self._stopping.is_set() or (task is not None and task.cancelling()):
@@ -126,7 +153,7 @@ class EventConsumer:
                 self._polling = False
                 # Always stop(): cancelling inside getmany without it stalls partitions (aiokafka bug).
                 try:
-                    await asyncio.wait_for(self.consumer.stop(), 10)
+                    await bounded(self.consumer.stop(), 10)
                 except (TimeoutError, KafkaError) as exc:
                     log.warning("consumer_stop_failed", error=str(exc))
             self.metrics.consumer_restarts.inc()
@@ -142,7 +169,7 @@ class EventConsumer:
         last_records = last_check = loop.time()
         while not self._stopping.is_set():
             # Bounded: a getmany that never returns is a wedged client, answered by a fresh one.
-            batch = await asyncio.wait_for(
+            batch = await bounded(
                 self.consumer.getmany(timeout_ms=500, max_records=self.batch_size), self.broker_timeout_s
             )
             if not batch:
@@ -164,7 +191,7 @@ class EventConsumer:
                 continue
             offsets = {tp: msgs[-1].offset + 1 for tp, msgs in batch.items()}
             try:
-                await asyncio.wait_for(self.consumer.commit(offsets), self.commit_timeout_s)
+                await bounded(self.consumer.commit(offsets), self.commit_timeout_s)
             except (TimeoutError, KafkaError) as exc:
                 # Not fatal: redelivery is deduped by the inbox. Rejoin to resync with the broker.
                 log.warning("consumer_commit_failed", error=str(exc))
@@ -181,14 +208,14 @@ class EventConsumer:
         if not assigned:
             return
         try:
-            ends = await asyncio.wait_for(self.consumer.end_offsets(assigned), 10)
+            ends = await bounded(self.consumer.end_offsets(assigned), 10)
         except (TimeoutError, KafkaError) as exc:  # the broker is away: nothing to tell yet
             log.info("consumer_stall_check_failed", error=str(exc))
             return
         behind: dict[str, int | str] = {}
         for tp in assigned:
             try:
-                pos = await asyncio.wait_for(self.consumer.position(tp), 10)
+                pos = await bounded(self.consumer.position(tp), 10)
             except TimeoutError:  # the broker answers, yet our position never resolves: wedged
                 behind[f"{tp.topic}/{tp.partition}"] = "position unknown"
                 continue
@@ -207,7 +234,7 @@ class EventConsumer:
             if hw is None:
                 continue
             try:  # position() waits for committed offsets: unbounded while the coordinator is away
-                pos = await asyncio.wait_for(self.consumer.position(tp), 2)
+                pos = await bounded(self.consumer.position(tp), 2)
             except TimeoutError:
                 continue
             self.metrics.consumer_lag.labels(self.logical(tp.topic), str(tp.partition)).set(max(hw - pos, 0))
