@@ -114,10 +114,29 @@ class EventConsumer:
 
     async def run(self) -> None:
         """Poll until stop(); any failure (broker, a wedged client, an aiokafka-internal cancellation, a bug)
-        ends with a fresh consumer after a back-off: this task must never die while the service runs."""
-        topics = sorted(self.topic_prefix + t for t in self.subs.topics)
-        if not topics:
+        ends with a fresh consumer after a back-off: this task must never die while the service runs. The
+        outer loop is the last guard: whatever escapes the client loop (even from closing a client) starts it
+        again."""
+        if not self.subs.topics:
             return
+        while not self._stopping.is_set():
+            try:
+                await self._run_clients()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._stopping.is_set() or (task is not None and task.cancelling()):
+                    raise
+                log.warning("consumer_task_cancelled_internally")
+            except Exception:
+                log.exception("consumer_task_crashed")
+            self._polling = False
+            try:
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
+            except TimeoutError:
+                pass
+
+    async def _run_clients(self) -> None:
+        topics = sorted(self.topic_prefix + t for t in self.subs.topics)
         backoff = 1.0
         while not self._stopping.is_set():
             self.consumer = AIOKafkaConsumer(
@@ -154,8 +173,14 @@ class EventConsumer:
                 # Always stop(): cancelling inside getmany without it stalls partitions (aiokafka bug).
                 try:
                     await bounded(self.consumer.stop(), 10)
-                except (TimeoutError, KafkaError) as exc:
-                    log.warning("consumer_stop_failed", error=str(exc))
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if self._stopping.is_set() or (task is not None and task.cancelling()):
+                        raise
+                    # aiokafka cancelled its own stop(): the old client is dropped either way.
+                    log.warning("consumer_stop_cancelled_internally")
+                except Exception as exc:  # whatever the old client raises while closing, a new one follows
+                    log.warning("consumer_stop_failed", error=f"{type(exc).__name__}: {exc}")
             self.metrics.consumer_restarts.inc()
             try:  # back off, but wake at once for stop()
                 await asyncio.wait_for(self._stopping.wait(), backoff)
