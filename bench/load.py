@@ -242,8 +242,7 @@ async def setup(stack: Stack, users: int) -> tuple[list[httpx.AsyncClient], str,
 
 async def main(args: argparse.Namespace) -> dict:
     root = temp_root("gpuaas-bench-load-")
-    extra = {"agents": ()} if "agents" in StackConfig.__dataclass_fields__ else {}
-    stack = Stack(StackConfig.from_env(root=root, free_ports=True, broker=args.broker, **extra))
+    stack = Stack(StackConfig.from_env(root=root, free_ports=True, broker=args.broker, agents=()))
     t0 = time.monotonic()
     await asyncio.to_thread(stack.start)
     print(f"stack ({args.broker}) ready in {time.monotonic() - t0:.1f}s", flush=True)

@@ -1,7 +1,7 @@
 """`make demo`: the golden path against the stack of `make run`, printing each step.
 
 Reads the running stack's URLs and operator login from .local/stack.json (or $GPUAAS_STACK_JSON),
-starts a throwaway OCI registry for the catalog's seed artifacts, then runs tests/e2e/golden_path.py:
+starts a throwaway OCI registry for the catalog's seed artifacts, then runs gpuaas.devstack.golden_path:
 tenant and tenant admin, two GPU hosts enrolled, prices, catalog seeded; project, members and the
 controller's service account; allocations with SSH and a grant; Slurm Reference deployed with the
 reference controller (real Slurm), sbatch/srun; metering and billing; decommission and release;
@@ -17,11 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gpuaas.devstack.golden_path import Target, golden_path
+from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 
-from gpuaas.catalog.testing import LocalRegistry, RegistryMissing  # noqa: E402
-from tests.e2e.golden_path import Target, golden_path  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:

@@ -20,8 +20,9 @@ from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from typer.testing import CliRunner
 
 from gpuaas.cli import sso
+from gpuaas.cli.commands.apps import parse_config
 from gpuaas.cli.config import DEFAULT_URL, Config, resolve_url
-from gpuaas.cli.main import _parse_config, app
+from gpuaas.cli.main import app
 
 
 @pytest.fixture(autouse=True)
@@ -55,14 +56,14 @@ def test_config_file_is_private(isolated: Path) -> None:
 
 
 def test_config_pairs() -> None:
-    assert _parse_config(["cluster_name=demo", "nodes=3", "gpu=true", 'tags=["a"]']) == {
+    assert parse_config(["cluster_name=demo", "nodes=3", "gpu=true", 'tags=["a"]']) == {
         "cluster_name": "demo",
         "nodes": 3,
         "gpu": True,
         "tags": ["a"],
     }
     with pytest.raises(typer.BadParameter):
-        _parse_config(["novalue"])
+        parse_config(["novalue"])
 
 
 def _free_port() -> int:
@@ -138,3 +139,9 @@ def test_sso_start_url_carries_the_s256_challenge_of_the_listeners_verifier() ->
         "code_challenge_method": "S256",
     }
     assert one.code_verifier not in url
+
+
+def test_the_cli_builds_no_request_paths() -> None:
+    """Every call goes through a typed SDK method: no `/api/...` path is written in the CLI."""
+    src = Path(sso.__file__).parent
+    assert [str(f.relative_to(src)) for f in sorted(src.rglob("*.py")) if "/api/" in f.read_text()] == []

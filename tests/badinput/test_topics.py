@@ -16,8 +16,7 @@ from gpuaas.contracts import TOPICS, Actor
 from gpuaas.contracts.events.audit import AuditRecord, AuditRecorded
 from gpuaas.contracts.registry import AUDIT
 from gpuaas.devstack.stack import SERVICES, Stack
-
-from .conftest import eventually
+from gpuaas.devstack.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,7 @@ import pytest
 import websockets
 
 from gpuaas.devstack.stack import Stack
-
-from .conftest import eventually
+from gpuaas.devstack.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 

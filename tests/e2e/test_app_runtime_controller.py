@@ -29,13 +29,13 @@ import pytest
 
 from gpuaas.contracts.events import catalog as cat
 from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.waiting import eventually
 from gpuaas.kit.db import create_engine, session_factory
 from gpuaas.kit.outbox import add_events
 from gpuaas.sdk import ApiError, Client, ReconcileLoop
 from gpuaas.sdk.models import PlacementIntent
 
 from .app_runtime_controller import SshSlurm, controller_client
-from .conftest import eventually
 
 pytestmark = pytest.mark.e2e
 PASSWORD = "correct-horse-battery"

@@ -30,8 +30,7 @@ from gpuaas.contracts.events import app_runtime as ar
 from gpuaas.contracts.events import usage as us
 from gpuaas.contracts.registry import USAGE
 from gpuaas.devstack.stack import Stack
-
-from .conftest import eventually
+from gpuaas.devstack.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 GPU_PRICE = Decimal("2.50")  # per GPU-hour, H100-80GB gpu_slice

@@ -15,14 +15,13 @@ import httpx
 import pytest
 
 from gpuaas.catalog.oci import ACCEPT, RegistryClient
-from gpuaas.catalog.testing import LocalRegistry, RegistryMissing
 from gpuaas.contracts.enums import InstanceStatus
 from gpuaas.contracts.events import app_runtime as ar
+from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.waiting import eventually
 from gpuaas.kit.db import create_engine, session_factory
 from gpuaas.kit.outbox import add_event
-
-from .conftest import eventually
 
 pytestmark = pytest.mark.e2e
 API = "/api/catalog"

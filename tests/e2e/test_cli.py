@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.waiting import eventually
 
-from .conftest import eventually
 from .test_allocations_gateway import start_agent, stop_agent
 from .test_console import APP, enable_app, registry, start_controller
 

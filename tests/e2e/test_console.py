@@ -26,10 +26,10 @@ import asyncssh
 import httpx
 import pytest
 
-from gpuaas.catalog.testing import LocalRegistry
+from gpuaas.devstack.registry import LocalRegistry
 from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.waiting import eventually
 
-from .conftest import eventually
 from .test_allocations_gateway import start_agent, stop_agent
 
 pytestmark = pytest.mark.e2e

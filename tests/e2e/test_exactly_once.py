@@ -19,10 +19,9 @@ import pytest
 from gpuaas.contracts import Actor
 from gpuaas.contracts.events.audit import AuditRecord, AuditRecorded
 from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.waiting import eventually
 from gpuaas.kit.db import create_engine, session_factory
 from gpuaas.kit.outbox import add_events
-
-from .conftest import eventually
 
 pytestmark = pytest.mark.e2e
 

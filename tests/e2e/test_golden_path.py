@@ -1,4 +1,4 @@
-"""The golden path (tests/e2e/golden_path.py) on the test session's stack: every step through the
+"""The golden path (gpuaas.devstack.golden_path) on the test session's stack: every step through the
 gateway, real Slurm in the allocations, a real OCI registry for the catalog. Fails with the reason
 when this machine cannot run Slurm (not root, or `make install` has not installed slurm-wlm)."""
 
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuaas.catalog.testing import LocalRegistry, RegistryMissing
+from gpuaas.devstack.golden_path import Target, golden_path
+from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 from gpuaas.devstack.stack import Stack
-
-from .golden_path import Target, golden_path
 
 pytestmark = pytest.mark.e2e
 

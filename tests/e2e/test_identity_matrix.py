@@ -2,6 +2,10 @@
 /openapi.json) x every role (+ a user of another tenant), expected 2xx/403/404 derived from
 `gpuaas.kit.iam.PERMISSIONS` and the operation's `x-gpuaas-action`.
 
+The table cannot check itself: for the high-risk operations (operator-only actions, tenant admin vs
+project admin vs member vs viewer on service-account secrets, memberships, quotas, budgets, statements)
+`PINNED` writes the expected answers out by hand, and those are what the matrix checks them against.
+
 Data-driven: an operation whose path has only `{tenant_id}`/`{project_id}` parameters and no body
 needs nothing here. Anything else gets one `Row` in `ROWS` (how to fill its body and other path
 parameters, or why it is exempt). `test_every_operation_is_covered` names the operations that have
@@ -397,6 +401,54 @@ for _svc in ("identity", "allocations", "catalog", "app-runtime", "metering", "b
     ROWS[("POST", f"/api/{_svc}/admin/outbox/replay")] = Row(body=lambda w: {"since": "2099-01-01T00:00:00Z"})
 
 
+# High-risk operations: (the action the operation must declare, the answer of each principal in ROLES order)
+# written out by hand, NOT derived from PERMISSIONS (the table enforcement reads). A change to the table
+# that moves one of these fails here until this is changed deliberately too.
+PLATFORM_ONLY = "2xx 403 403 403 403 403"
+PINNED: dict[tuple[str, str], tuple[str, str]] = {
+    ("POST", "/api/identity/tenants"): ("identity.tenant.create", PLATFORM_ONLY),
+    ("POST", "/api/identity/platform-admins"): ("identity.platform_admin.manage", PLATFORM_ONLY),
+    ("POST", "/api/allocations/hosts"): ("allocations.host.manage", PLATFORM_ONLY),
+    ("POST", "/api/billing/prices"): ("billing.price.manage", PLATFORM_ONLY),
+    ("POST", "/api/billing/statements/close"): ("billing.statement.close", PLATFORM_ONLY),
+    ("POST", "/api/billing/budgets"): ("billing.budget.manage", "2xx 2xx 403 403 403 404"),
+    ("PUT", "/api/allocations/projects/{project_id}/quota"): ("allocations.quota.manage", "2xx 2xx 403 403 403 404"),
+    ("POST", "/api/identity/projects/{project_id}/service-accounts"): (
+        "identity.service_account.manage",
+        "2xx 2xx 2xx 403 403 404",
+    ),
+    ("POST", "/api/identity/service-accounts/{service_account_id}/rotate-secret"): (
+        "identity.service_account.manage",
+        "2xx 2xx 2xx 403 403 404",
+    ),
+    ("DELETE", "/api/identity/memberships/{membership_id}"): ("identity.member.manage", "2xx 2xx 2xx 403 403 404"),
+    **{
+        ("POST", f"/api/{svc}/admin/outbox/replay"): ("platform.admin", PLATFORM_ONLY)
+        for svc in ("identity", "allocations", "catalog", "app-runtime", "metering", "billing")
+    },
+}
+
+
+def pinned(method: str, path: str, role: str) -> str | None:
+    """The hand-written answer of `role` for a pinned operation (None: not pinned)."""
+    if (method, path) not in PINNED:
+        return None
+    return dict(zip(ROLES, PINNED[(method, path)][1].split(), strict=True))[role]
+
+
+def test_pinned_answers_agree_with_the_permission_table() -> None:
+    """Without a stack: the table still says what the pins say (and each pin is a row the matrix runs)."""
+    disagree = []
+    for (method, path), (action, _) in PINNED.items():
+        row = ROWS.get((method, path))
+        assert row is not None and not row.exempt and row.expect is None, (method, path)
+        for role in ROLES:
+            table = expected(action, target_of(path, row), role)
+            if table != pinned(method, path, role):
+                disagree.append(f"{role:15} {method} {path}: pinned {pinned(method, path, role)}, table {table}")
+    assert not disagree, "PERMISSIONS no longer gives the pinned answers:\n" + "\n".join(disagree)
+
+
 def target_of(path: str, row: Row) -> str:
     if row.target:
         return row.target
@@ -517,11 +569,16 @@ async def test_permission_matrix(gw: httpx.AsyncClient, world: World) -> None:
         if isinstance(row, str) or row.exempt:
             continue
         action = op.get(ACTION_EXTENSION)
+        if (method, path) in PINNED:
+            assert action == PINNED[(method, path)][0], f"{method} {path} now declares {action}"
         if row.expect is None and action is None:
             continue  # reported by test_every_operation_is_covered
         for role in ROLES:
-            want = row.expect(role) if row.expect else expected(action, target_of(path, row), role)
+            want = pinned(method, path, role) or (
+                row.expect(role) if row.expect else expected(action, target_of(path, row), role)
+            )
             cases.append((method, path, row, role, want))
+    assert {(m, p) for m, p, *_ in cases} >= set(PINNED), "a pinned operation is missing from the gateway's API"
     assert len(cases) >= 100
 
     mismatches = []

@@ -10,8 +10,7 @@ import uuid
 import httpx
 
 from gpuaas.devstack.stack import Stack
-
-from .conftest import eventually
+from gpuaas.devstack.waiting import eventually
 
 
 def segment(service: str) -> str:

@@ -37,9 +37,9 @@ from authlib.oauth2.rfc7636 import create_s256_code_challenge
 
 from gpuaas.devstack.infra import Tansu, free_port, stop_process
 from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.waiting import eventually
 from gpuaas.kit.provision import ensure_service_schema
 
-from .conftest import eventually
 from .test_cli import Cli
 from .test_console import console_served, run_browser
 

@@ -31,11 +31,11 @@ import httpx
 
 from gpuaas.contracts.events import catalog as cat
 from gpuaas.devstack.stack import SERVICES, Stack
+from gpuaas.devstack.waiting import eventually
 from gpuaas.kit.db import create_engine, session_factory
 from gpuaas.kit.outbox import add_events
 from gpuaas.sdk import Client, Controller, OperationContext, ReconcileLoop
 
-from .conftest import eventually
 from .workload import Saga, call, response_lost
 
 AR = "/api/app-runtime"

@@ -33,10 +33,10 @@ from typing import Any
 import httpx
 
 from gpuaas.catalog.oci import RegistryClient
-from gpuaas.catalog.testing import LocalRegistry
+from gpuaas.devstack.registry import LocalRegistry
 from gpuaas.devstack.stack import SERVICES, Stack
+from gpuaas.devstack.waiting import eventually
 
-from .conftest import eventually
 from .workload import call, response_lost
 
 API = "/api/catalog"

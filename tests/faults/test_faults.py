@@ -25,12 +25,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuaas.catalog.testing import LocalRegistry, RegistryMissing
+from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.waiting import eventually
 
 from .app_workload import AppOps, check_operations
 from .catalog_workload import Promotion, check_promotions
-from .conftest import eventually
 from .workload import Saga, check_invariants
 
 pytestmark = pytest.mark.e2e

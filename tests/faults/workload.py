@@ -29,8 +29,7 @@ from typing import Any
 import httpx
 
 from gpuaas.devstack.stack import SERVICES, Stack
-
-from .conftest import eventually
+from gpuaas.devstack.waiting import eventually
 
 GPUS_PER_HOST = 8
 GPUS_PER_ALLOCATION = 2

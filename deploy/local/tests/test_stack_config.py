@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gpuaas.devstack import stack as stack_mod
-from gpuaas.devstack.stack import DEFAULT_PORTS, SERVICES, Stack, StackConfig, StackError
+from gpuaas.devstack.config import DEFAULT_PORTS, SERVICES, StackConfig, StackError
+from gpuaas.devstack.stack import Stack
 
 
 def test_defaults_are_the_documented_ports(tmp_path: Path) -> None:
@@ -99,22 +99,11 @@ def test_external_servers_from_env(tmp_path: Path) -> None:
         s.restart_postgres()
 
 
-def test_missing_module_is_an_error_unless_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stack_mod, "module_available", lambda name: name != "gateway")
-    s = Stack(StackConfig(root=tmp_path, free_ports=True))
-    with pytest.raises(StackError, match=r"gpuaas\.gateway"):
-        s.start()
-    assert not (tmp_path / "pg").exists()  # failed before starting anything
-
-    skipping = Stack(StackConfig(root=tmp_path, free_ports=True, skip_missing=True))
-    skipping._select_services()
-    assert skipping.skipped == ["gateway"]
-    assert "gateway" not in skipping.names
-
-
 def test_unknown_service_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(StackError, match="unknown services"):
         Stack(StackConfig(root=tmp_path, services=["identity", "payments"]))
+    with pytest.raises(StackError, match="unknown broker"):
+        Stack(StackConfig(root=tmp_path, broker="redpanda"))
 
 
 def test_process_control_needs_a_started_stack(tmp_path: Path) -> None:

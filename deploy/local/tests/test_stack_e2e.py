@@ -27,7 +27,9 @@ import psutil
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from gpuaas.devstack.stack import GATEWAY, SERVICES, Stack, StackInterrupted, read_json
+from gpuaas.devstack.config import GATEWAY, SERVICES, StackInterrupted
+from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.state import read_json
 from gpuaas.devstack.testing import current_children, leftover_processes, remove_root, temp_root
 
 pytestmark = pytest.mark.e2e

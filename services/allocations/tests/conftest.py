@@ -20,7 +20,8 @@ import uvicorn
 from gpuaas.allocations.app import SPEC
 from gpuaas.contracts import Event
 from gpuaas.contracts.enums import MembershipScope, Role
-from gpuaas.contracts.events import identity as ev
+from gpuaas.contracts.events import identity as identity_events
+from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.iam import apply_locally
 from gpuaas.kit.testing import service_app, wait_for
 from gpuaas.node_agent.agent import Agent
@@ -37,16 +38,16 @@ def _membership(
     user: uuid.UUID, role: Role, tenant: uuid.UUID | None = None, project: uuid.UUID | None = None
 ) -> Event:
     scope = MembershipScope.project if project else MembershipScope.tenant if tenant else MembershipScope.platform
-    m = ev.MembershipState(
+    m = identity_events.MembershipState(
         membership_id=uuid.uuid4(), user_id=user, scope=scope, role=role, tenant_id=tenant, project_id=project
     )
-    return ev.MembershipGranted.build(subject=m.membership_id, data=m, source="identity")
+    return identity_events.MembershipGranted.build(subject=m.membership_id, data=m, source="identity")
 
 
 @dataclass
 class World:
     url: str
-    kit: Any
+    kit: KitRuntime
     signer: Any
     tmp: Path
     ids: dict[str, uuid.UUID]
@@ -113,6 +114,24 @@ class World:
             )
 
 
+async def last_seq(c: httpx.AsyncClient, aid: str) -> int:
+    """The allocation's newest timeline entry: what a later `task_done` counts from."""
+    return max((e["seq"] for e in (await c.get(f"/allocations/{aid}/timeline")).json()), default=0)
+
+
+async def task_done(c: httpx.AsyncClient, aid: str, kind: str, after: int, timeout_s: float = 20) -> None:
+    """Wait for the progress signal of agent work: the agent reported a `kind` task of the allocation done
+    (a timeline entry after `after`). A failed one fails the test at once."""
+
+    async def done() -> bool:
+        entries = (await c.get(f"/allocations/{aid}/timeline", params={"after": after})).json()
+        mine = [e for e in entries if e["phase"] == kind]
+        assert not [e for e in mine if e["status"] == "failed"], mine
+        return any(e["status"] == "succeeded" for e in mine)
+
+    await wait_for(done, timeout_s, f"{kind} of {aid} done")
+
+
 def ssh_key() -> tuple[asyncssh.SSHKey, str]:
     key = asyncssh.generate_private_key("ssh-ed25519")
     return key, key.export_public_key().decode().strip()
@@ -159,7 +178,7 @@ async def world(infra, signer, tmp_path) -> AsyncIterator[World]:  # type: ignor
     serve = asyncio.create_task(server.serve(sockets=[sock]))
     await wait_for(lambda: server.started or serve.done(), 60, "allocations server")
     assert not serve.done(), serve.exception()
-    kit = app.state.kit
+    kit: KitRuntime = app.state.kit
     kit.verifier.jwks.set(signer.jwks)
     ids = {
         k: uuid.uuid4()
@@ -167,15 +186,21 @@ async def world(infra, signer, tmp_path) -> AsyncIterator[World]:  # type: ignor
     }
     events: list[Event] = [
         _membership(ids["op"], Role.platform_admin),
-        ev.TenantCreated.build(
-            subject=ids["t1"], source="identity", data=ev.TenantState(tenant_id=ids["t1"], slug="t1", name="T1")
+        identity_events.TenantCreated.build(
+            subject=ids["t1"],
+            source="identity",
+            data=identity_events.TenantState(tenant_id=ids["t1"], slug="t1", name="T1"),
         ),
-        ev.TenantCreated.build(
-            subject=ids["t2"], source="identity", data=ev.TenantState(tenant_id=ids["t2"], slug="t2", name="T2")
+        identity_events.TenantCreated.build(
+            subject=ids["t2"],
+            source="identity",
+            data=identity_events.TenantState(tenant_id=ids["t2"], slug="t2", name="T2"),
         ),
         *[
-            ev.ProjectCreated.build(
-                subject=ids[p], source="identity", data=ev.ProjectState(project_id=ids[p], tenant_id=ids[t], name=p)
+            identity_events.ProjectCreated.build(
+                subject=ids[p],
+                source="identity",
+                data=identity_events.ProjectState(project_id=ids[p], tenant_id=ids[t], name=p),
             )
             for p, t in (("p1", "t1"), ("p2", "t1"), ("px", "t2"))
         ],

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import pytest
 
 from gpuaas.contracts import Event, new_event_id
-from gpuaas.contracts.events import app_runtime as ar
+from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.kit.kafka import make_producer
 from gpuaas.kit.testing import wait_for
 
-from .conftest import World, ssh_key, ssh_refused, ssh_run
+from .conftest import World, last_seq, ssh_key, ssh_refused, ssh_run, task_done
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ async def test_access_grant_and_release_clearance(world: World, infra) -> None: 
     aid = (await w.create("owner")).json()["allocation_id"]
     alloc = await w.wait_status("owner", aid, "active")
     ctl_key, ctl_pub = ssh_key()
-    grant = ar.AccessGrantState(
+    grant = app_runtime_events.AccessGrantState(
         access_grant_id=uuid.uuid4(),
         instance_id=uuid.uuid4(),
         tenant_id=w.ids["t1"],
@@ -45,50 +45,49 @@ async def test_access_grant_and_release_clearance(world: World, infra) -> None: 
         fingerprint="SHA256:x",
         version=1,
     )
-    member = ar.MemberState(
+    member = app_runtime_events.MemberState(
         member_id=uuid.uuid4(),
         instance_id=grant.instance_id,
         tenant_id=w.ids["t1"],
         project_id=w.ids["p1"],
         component_key="worker",
         allocation_id=uuid.UUID(aid),
-        status=ar.MemberStatus.active,
+        status=app_runtime_events.MemberStatus.active,
         status_changed_at=datetime.now(UTC),
         version=1,
     )
+    async with w.client("owner") as c:
+        seen = await last_seq(c, aid)
     await publish(
         infra.kafka_bootstrap,
-        ar.AccessGrantRequested.build(data=grant, source="app_runtime"),
-        ar.MemberAdded.build(data=member, source="app_runtime"),
+        app_runtime_events.AccessGrantRequested.build(data=grant, source="app_runtime"),
+        app_runtime_events.MemberAdded.build(data=member, source="app_runtime"),
     )
-
-    async def controller_in() -> bool:
-        try:
-            return (await ssh_run(alloc, ctl_key, "echo ctl")).stdout.strip() == "ctl"
-        except Exception:
-            return False
-
-    await wait_for(controller_in, 30, "controller key installed")
     async with w.client("owner") as c:
+        # The progress signal: the agent reported the key sync the consumed grant queued.
+        await task_done(c, aid, "sync_ssh_keys", seen, timeout_s=30)
+        assert (await ssh_run(alloc, ctl_key, "echo ctl")).stdout.strip() == "ctl"
         grants = (await c.get(f"/allocations/{aid}/ssh-grants")).json()
         assert [g["origin"] for g in grants] == ["app_access_grant"]
         r = await c.delete(f"/allocations/{aid}/ssh-grants/{grants[0]['grant_id']}")
         assert r.status_code == 409 and r.json()["code"] == "ssh_grant_managed"
+        seen = await last_seq(c, aid)
 
     revoked = grant.model_copy(update={"status": "revoked", "version": 2})
-    await publish(infra.kafka_bootstrap, ar.AccessGrantRevoked.build(data=revoked, source="app_runtime"))
+    await publish(
+        infra.kafka_bootstrap, app_runtime_events.AccessGrantRevoked.build(data=revoked, source="app_runtime")
+    )
 
-    async def controller_out() -> bool:
-        return await ssh_refused(alloc, ctl_key)
-
-    await wait_for(controller_out, 30, "controller key removed")
+    async with w.client("owner") as c:
+        await task_done(c, aid, "sync_ssh_keys", seen, timeout_s=30)
+    assert await ssh_refused(alloc, ctl_key)
 
     # The member is live: the release waits for app-runtime to stop it.
     async with w.client("owner") as c:
         r = await c.post(f"/allocations/{aid}/release")
         assert r.status_code == 202 and r.json()["awaiting_release_clearance"] is True
         assert r.json()["billing_stopped_at"]
-    clearance = ar.ReleaseClearance(
+    clearance = app_runtime_events.ReleaseClearance(
         allocation_id=uuid.UUID(aid),
         tenant_id=w.ids["t1"],
         project_id=w.ids["p1"],
@@ -97,7 +96,8 @@ async def test_access_grant_and_release_clearance(world: World, infra) -> None: 
     )
     assert (await w.wait_status("owner", aid, "releasing"))["awaiting_release_clearance"] is True
     await publish(
-        infra.kafka_bootstrap, ar.ReleaseClearanceGranted.build(data=clearance, source="app_runtime", id=new_event_id())
+        infra.kafka_bootstrap,
+        app_runtime_events.ReleaseClearanceGranted.build(data=clearance, source="app_runtime", id=new_event_id()),
     )
     await w.wait_status("owner", aid, "released", timeout_s=30)
     async with w.client("owner") as c:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,7 +14,7 @@ from sqlalchemy import text
 from gpuaas.kit.testing import wait_for
 from gpuaas.node_agent.agent import Agent
 
-from .conftest import World, ssh_key, ssh_run
+from .conftest import World, last_seq, ssh_key, ssh_run, task_done
 
 pytestmark = pytest.mark.integration
 
@@ -116,14 +117,11 @@ async def test_volumes_persistence_and_single_writer(world: World) -> None:
         assert (await c.get(f"/volumes/{scratch['volume_id']}")).status_code == 404
         assert not (agent.state_dir / "volumes" / scratch["volume_id"]).exists()
         # ... and the kept volume can be attached to another allocation later.
+        seen = await last_seq(c, a2["allocation_id"])
         r = await c.post(f"/allocations/{a2['allocation_id']}/volumes", json={"volume_id": keep["volume_id"]})
         assert r.status_code == 201
-
-        async def visible() -> bool:
-            out = await ssh_run(a2, key, "cat volumes/data/f")
-            return out.stdout.strip() == "hello"
-
-        await wait_for(visible, 10, "volume data on the second allocation")
+        await task_done(c, a2["allocation_id"], "attach_volume", seen)
+        assert (await ssh_run(a2, key, "cat volumes/data/f")).stdout.strip() == "hello"
 
 
 async def test_release_failed_then_retry(world: World) -> None:
@@ -173,15 +171,19 @@ async def test_heartbeat_loss_is_visible_and_recovers(world: World) -> None:
 async def test_agent_restart_loses_and_repeats_nothing(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     w = world
     host, agent = await w.host_with_agent("gpu-1", "8xH100-80GB")
+    key, pub = ssh_key()
+    async with w.client("owner") as c:
+        assert (await c.post("/ssh-keys", json={"name": "k", "public_key": pub})).status_code == 201
     await w.stop_agent(agent)
     # Queued while the agent is down: not lost.
     aid = (await w.create("owner")).json()["allocation_id"]
-    # A first agent process leases the task, executes and journals it, then dies before reporting.
+    # A first agent process leases the task, executes and journals it, then dies before reporting. It
+    # served SSH on the port the agent remembers in its state directory (what its journaled result says).
     crashed = Agent(agent.s)
     async with httpx.AsyncClient(base_url=w.url, headers={"Authorization": f"Bearer {host['node_token']}"}) as c:
         tasks = (await c.get("/agent/tasks", params={"wait_s": 2})).json()
     assert [t["kind"] for t in tasks] == ["provision"]
-    crashed.ssh_port = 2222
+    crashed.ssh_port = agent.ssh_port
     outcome = await crashed.execute(tasks[0])
     crashed.journal.put(tasks[0]["task_id"], {"ok": True, "message": "done", "result": outcome})
     await crashed.client.aclose()
@@ -193,9 +195,21 @@ async def test_agent_restart_loses_and_repeats_nothing(world: World, monkeypatch
         return await original(self, task)
 
     monkeypatch.setattr(Agent, "execute", counting)
-    await w.start_agent(host["node_token"], "gpu-1")
-    await w.wait_status("owner", aid, "active")
+    restarted = await w.start_agent(host["node_token"], "gpu-1")
+    alloc = await w.wait_status("owner", aid, "active")
     assert executed == []  # replayed from the journal, not run again
+    # The endpoint the replayed outcome restored is the one the restarted agent serves, and it lets the
+    # owner into the workspace the first process provisioned.
+    assert restarted.ssh_port == agent.ssh_port
+    assert alloc["ssh_endpoint"] == {
+        "host": restarted.s.ssh_bind,
+        "port": restarted.ssh_port,
+        "username": alloc["ssh_endpoint"]["username"],
+    }
+    out = await ssh_run(alloc, key, "echo $GPUAAS_ALLOCATION_ID; pwd")
+    assert out.exit_status == 0, out.stderr
+    marker, cwd = out.stdout.split()
+    assert marker == aid and Path(cwd).resolve() == (restarted.state_dir / "allocations" / aid / "home").resolve()
     async with w.kit.sessions() as s:
         row = (
             await s.execute(text("SELECT status, attempts FROM agent_tasks WHERE allocation_id = :a"), {"a": aid})

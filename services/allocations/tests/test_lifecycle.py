@@ -14,7 +14,7 @@ from sqlalchemy import text
 from gpuaas.kit.testing import wait_for
 from gpuaas.node_agent.workspace import processes_of
 
-from .conftest import World, ssh_key, ssh_refused, ssh_run
+from .conftest import World, last_seq, ssh_key, ssh_refused, ssh_run, task_done
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +54,7 @@ async def test_full_lifecycle_over_real_ssh(world: World) -> None:
         assert await ssh_refused(alloc, grantee_key)
 
         # A grant lets another project member in with their own key; a stranger cannot be granted.
+        seen = await last_seq(c, aid)
         r = await c.post(
             f"/allocations/{aid}/ssh-grants", json={"user_id": str(w.ids["grantee"]), "public_key": grantee_pub}
         )
@@ -64,23 +65,16 @@ async def test_full_lifecycle_over_real_ssh(world: World) -> None:
         )
         assert r.status_code == 422 and r.json()["code"] == "grantee_not_member"
 
-        async def grantee_in() -> bool:
-            try:
-                return (await ssh_run(alloc, grantee_key, "echo in")).stdout.strip() == "in"
-            except Exception:
-                return False
-
-        await wait_for(grantee_in, 15, "grantee access")
+        await task_done(c, aid, "sync_ssh_keys", seen)
+        assert (await ssh_run(alloc, grantee_key, "echo in")).stdout.strip() == "in"
         async with w.client("viewer") as v:
             r = await v.delete(f"/allocations/{aid}/ssh-grants/{grant['grant_id']}")
             assert r.status_code == 403
+        seen = await last_seq(c, aid)
         r = await c.delete(f"/allocations/{aid}/ssh-grants/{grant['grant_id']}")
         assert r.status_code == 200 and r.json()["status"] == "revoked"
-
-        async def grantee_out() -> bool:
-            return await ssh_refused(alloc, grantee_key)
-
-        await wait_for(grantee_out, 15, "grantee refused after revocation")
+        await task_done(c, aid, "sync_ssh_keys", seen)
+        assert await ssh_refused(alloc, grantee_key)
 
         # Browser terminal: a pty over the platform's short-lived certificate.
         ws_url = w.url.replace("http", "ws") + f"/allocations/{aid}/terminal?access_token={w.token('owner')}"

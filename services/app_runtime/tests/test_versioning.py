@@ -2,11 +2,11 @@
 `GET /instances/{id}` answers the instance's version as its ETag; every instance mutation (and an
 operation request on the instance) takes an optional If-Match with it, every operator action on an
 operation takes the operation's. A stale If-Match is 412 `version_mismatch` and writes nothing; of two
-concurrent writers that read the same version exactly one wins; a malformed one is 422 `if_match_invalid`."""
+concurrent writers that read the same version exactly one wins; a malformed one is 422 `if_match_invalid`.
+The checks every versioned service shares are gpuaas.kit.testing_versioning's; this file says what to send."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,6 +15,17 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import text
+
+from gpuaas.kit.testing_versioning import (
+    MALFORMED_IF_MATCH,
+    Send,
+    assert_all_malformed_rejected,
+    assert_all_stale,
+    etag_version,
+    exactly_one_wins,
+    if_match,
+    version_of,
+)
 
 from .conftest import DIGEST2, World
 from .test_runtime import deployed
@@ -31,15 +42,6 @@ async def http(w: World, who: uuid.UUID, **token: Any) -> AsyncIterator[httpx.As
 
 def controller_http(w: World) -> Any:
     return http(w, w.sa, kind="service_account", project_id=str(w.project), scope="app-controller")
-
-
-def if_match(version: int | str) -> dict[str, str]:
-    return {"If-Match": f'"{version}"' if isinstance(version, int) else version}
-
-
-def problem(r: httpx.Response, status: int, code: str) -> None:
-    assert (r.status_code, r.json().get("code")) == (status, code), r.text
-    assert r.headers["content-type"].startswith("application/problem+json")
 
 
 async def snapshot(w: World, instance_id: uuid.UUID) -> dict[str, Any]:
@@ -62,6 +64,11 @@ async def snapshot(w: World, instance_id: uuid.UUID) -> dict[str, Any]:
     }
 
 
+def post_with(c: httpx.AsyncClient, path: str, body: dict[str, Any] | None, version: int) -> Send:
+    """A POST of `body` with `version` as its If-Match, sent when called."""
+    return lambda: c.post(path, json=body, headers=if_match(version))
+
+
 @pytest.fixture
 async def upgradable(world: World) -> uuid.UUID:
     """A deployed instance (on 1.0) with versions 2.0 and 2.1 to upgrade to."""
@@ -72,10 +79,7 @@ async def upgradable(world: World) -> uuid.UUID:
 
 
 async def instance_version(c: httpx.AsyncClient, instance_id: uuid.UUID) -> int:
-    r = await c.get(f"/instances/{instance_id}")
-    assert r.status_code == 200, r.text
-    assert r.headers["ETag"] == f'"{r.json()["version"]}"'
-    return int(r.json()["version"])
+    return await version_of(c, f"/instances/{instance_id}")
 
 
 async def test_get_answers_the_version_as_etag_and_mutations_answer_the_new_one(
@@ -86,8 +90,7 @@ async def test_get_answers_the_version_as_etag_and_mutations_answer_the_new_one(
         v = await instance_version(c, instance_id)
         r = await c.post(f"/instances/{instance_id}/upgrade", json={"app_version": "2.0"}, headers=if_match(v))
         assert r.status_code == 200, r.text
-        assert r.json()["desired_app_version"] == "2.0" and r.json()["version"] == v + 1
-        assert r.headers["ETag"] == f'"{v + 1}"'
+        assert r.json()["desired_app_version"] == "2.0" and etag_version(r) == v + 1
         assert await instance_version(c, instance_id) == v + 1
         # the weak form and `*` are accepted; no If-Match at all is what the SDK and controllers send
         r = await c.post(
@@ -96,7 +99,7 @@ async def test_get_answers_the_version_as_etag_and_mutations_answer_the_new_one(
         assert r.status_code == 200 and r.headers["ETag"] == f'"{v + 2}"', r.text
         r = await c.post(f"/instances/{instance_id}/stop", headers=if_match("*"))
         assert r.status_code == 200 and r.json()["status"] in ("stopping", "stopped"), r.text
-        assert r.headers["ETag"] == f'"{r.json()["version"]}"' and r.json()["version"] > v + 2
+        assert etag_version(r) > v + 2
 
 
 async def test_stale_if_match_is_412_on_every_mutation_and_writes_nothing(world: World) -> None:
@@ -122,43 +125,56 @@ async def test_stale_if_match_is_412_on_every_mutation_and_writes_nothing(world:
     operation_calls = [
         (f"/operations/{op.operation_id}/{action}", {"reason": "stale"}) for action in ("retry", "cancel", "force-fail")
     ]
-    before = await snapshot(w, instance_id)
     async with http(w, w.admin) as c, controller_http(w) as ctl:
-        for path, body in instance_calls:
-            problem(await c.post(path, json=body, headers=if_match(current - 1)), 412, "version_mismatch")
-        for path, body in operation_calls:
-            problem(await c.post(path, json=body, headers=if_match(op.version + 1)), 412, "version_mismatch")
-        r = await ctl.post(
-            f"/controller/instances/{instance_id}/operations",
-            json={"kind": "add", "allocation_id": fresh_alloc},
-            headers=if_match(current + 1),
+        await assert_all_stale(
+            lambda: snapshot(w, instance_id),
+            [
+                *((path, post_with(c, path, body, current - 1)) for path, body in instance_calls),
+                *((path, post_with(c, path, body, op.version + 1)) for path, body in operation_calls),
+                (
+                    "controller operation request",
+                    post_with(
+                        ctl,
+                        f"/controller/instances/{instance_id}/operations",
+                        {"kind": "add", "allocation_id": fresh_alloc},
+                        current + 1,
+                    ),
+                ),
+            ],
         )
-        problem(r, 412, "version_mismatch")
-    assert await snapshot(w, instance_id) == before
     # the current version goes through
     async with http(w, w.admin) as c:
         r = await c.post(f"/instances/{instance_id}/decommission", json={"reason": "done"}, headers=if_match(current))
         assert r.status_code == 200 and r.json()["status"] in ("decommissioning", "decommissioned"), r.text
-        assert r.headers["ETag"] == f'"{r.json()["version"]}"' and r.json()["version"] > current
+        assert etag_version(r) > current
 
 
 async def test_malformed_if_match_is_422_and_writes_nothing(world: World) -> None:
     w = world
     instance_id, _ = await deployed(w)
     op = (await w.user(w.admin).operations(instance_id))[0]
-    before = await snapshot(w, instance_id)
+    assert '"1", "2"' in MALFORMED_IF_MATCH  # a list of tags is not one version
     async with http(w, w.admin) as c:
-        for value in ("abc", '"0"', '"-3"', 'W/"x"', '"1", "2"'):
-            problem(await c.post(f"/instances/{instance_id}/stop", headers=if_match(value)), 422, "if_match_invalid")
-            r = await c.post(
-                f"/instances/{instance_id}/operations",
-                json={"kind": "add", "allocation_id": str(uuid.uuid4())},
-                headers=if_match(value),
-            )
-            problem(r, 422, "if_match_invalid")
-            r = await c.post(f"/operations/{op.operation_id}/cancel", json={"reason": "x"}, headers=if_match(value))
-            problem(r, 422, "if_match_invalid")
-    assert await snapshot(w, instance_id) == before
+        await assert_all_malformed_rejected(
+            lambda: snapshot(w, instance_id),
+            [
+                ("stop", lambda value: c.post(f"/instances/{instance_id}/stop", headers=if_match(value))),
+                (
+                    "operation request",
+                    lambda value: c.post(
+                        f"/instances/{instance_id}/operations",
+                        json={"kind": "add", "allocation_id": str(uuid.uuid4())},
+                        headers=if_match(value),
+                    ),
+                ),
+                (
+                    "cancel",
+                    lambda value: c.post(
+                        f"/operations/{op.operation_id}/cancel", json={"reason": "x"}, headers=if_match(value)
+                    ),
+                ),
+            ],
+        )
 
 
 async def test_operation_request_moves_the_instance_version_and_answers_the_operation_etag(world: World) -> None:
@@ -172,7 +188,7 @@ async def test_operation_request_moves_the_instance_version_and_answers_the_oper
             headers=if_match(v),
         )
         assert r.status_code == 201, r.text
-        assert r.json()["version"] == 1 and r.headers["ETag"] == '"1"'
+        assert etag_version(r) == 1
         assert await instance_version(c, instance_id) == v + 1
     updated = await w.rt.outbox("instance.updated", instance_id)
     assert updated and updated[-1]["data"]["version"] == v + 1  # the new version is published with the state
@@ -185,19 +201,13 @@ async def test_concurrent_operation_requests_on_one_version_exactly_one_wins(wor
     async with http(w, w.admin) as c:
         v = await instance_version(c, instance_id)
         ops_before = len(await w.user(w.admin).operations(instance_id))
-        responses = await asyncio.gather(
+        await exactly_one_wins(
+            201,
             *(
-                c.post(
-                    f"/instances/{instance_id}/operations",
-                    json={"kind": "add", "allocation_id": a},
-                    headers=if_match(v),
-                )
+                post_with(c, f"/instances/{instance_id}/operations", {"kind": "add", "allocation_id": a}, v)
                 for a in allocs
-            )
+            ),
         )
-        assert sorted(r.status_code for r in responses) == [201, 412], [r.text for r in responses]
-        loser = next(r for r in responses if r.status_code == 412)
-        problem(loser, 412, "version_mismatch")
         assert await instance_version(c, instance_id) == v + 1
     assert len(await w.user(w.admin).operations(instance_id)) == ops_before + 1
 
@@ -206,14 +216,10 @@ async def test_concurrent_upgrades_on_one_version_exactly_one_wins(world: World,
     w, instance_id = world, upgradable
     async with http(w, w.admin) as c:
         v = await instance_version(c, instance_id)
-        responses = await asyncio.gather(
-            *(
-                c.post(f"/instances/{instance_id}/upgrade", json={"app_version": to}, headers=if_match(v))
-                for to in ("2.0", "2.1")
-            )
+        winner, _ = await exactly_one_wins(
+            200,
+            *(post_with(c, f"/instances/{instance_id}/upgrade", {"app_version": to}, v) for to in ("2.0", "2.1")),
         )
-        assert sorted(r.status_code for r in responses) == [200, 412], [r.text for r in responses]
-        winner = next(r for r in responses if r.status_code == 200)
         current = (await c.get(f"/instances/{instance_id}")).json()
     assert current["version"] == v + 1
     assert current["desired_app_version"] == winner.json()["desired_app_version"]
@@ -228,22 +234,21 @@ async def test_operator_actions_check_the_operation_version(world: World) -> Non
     assert claim is not None and claim.operation.version == 2  # pending (1) -> claimed (2)
     op_id = claim.operation.operation_id
     async with http(w, w.admin) as c:
-        before = await snapshot(w, instance_id)
-        r = await c.post(f"/operations/{op_id}/force-fail", json={"reason": "host lost"}, headers=if_match(1))
-        problem(r, 412, "version_mismatch")
-        assert await snapshot(w, instance_id) == before
-        r = await c.post(f"/operations/{op_id}/force-fail", json={"reason": "host lost"}, headers=if_match(2))
-        assert r.status_code == 200 and r.json()["status"] == "failed" and r.headers["ETag"] == '"3"', r.text
-        r = await c.post(f"/operations/{op_id}/retry", json={"reason": "back"}, headers={"If-Match": r.headers["ETag"]})
-        assert r.status_code == 200 and r.json()["status"] == "pending", r.text
-        etag = r.headers["ETag"]
-        assert etag == f'"{r.json()["version"]}"'
-        # two operators act on the version they both read: one cancels, the other is told it moved on
-        responses = await asyncio.gather(
-            c.post(f"/operations/{op_id}/cancel", json={"reason": "a"}, headers={"If-Match": etag}),
-            c.post(f"/operations/{op_id}/force-fail", json={"reason": "b"}, headers={"If-Match": etag}),
+        force_fail = f"/operations/{op_id}/force-fail"
+        await assert_all_stale(
+            lambda: snapshot(w, instance_id),
+            [("force-fail", post_with(c, force_fail, {"reason": "host lost"}, 1))],
         )
-        assert sorted(r.status_code for r in responses) == [200, 412], [r.text for r in responses]
-        winner = next(r for r in responses if r.status_code == 200)
+        r = await c.post(force_fail, json={"reason": "host lost"}, headers=if_match(2))
+        assert r.status_code == 200 and r.json()["status"] == "failed" and r.headers["ETag"] == '"3"', r.text
+        r = await c.post(f"/operations/{op_id}/retry", json={"reason": "back"}, headers=if_match(r.headers["ETag"]))
+        assert r.status_code == 200 and r.json()["status"] == "pending", r.text
+        v = etag_version(r)
+        # two operators act on the version they both read: one cancels, the other is told it moved on
+        winner, _ = await exactly_one_wins(
+            200,
+            post_with(c, f"/operations/{op_id}/cancel", {"reason": "a"}, v),
+            post_with(c, force_fail, {"reason": "b"}, v),
+        )
     ops = {o.operation_id: o for o in await w.user(w.admin).operations(instance_id)}
     assert ops[op_id].status == winner.json()["status"] and ops[op_id].version == winner.json()["version"]

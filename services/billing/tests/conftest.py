@@ -1,35 +1,30 @@
-"""Billing test support: the real app on a fresh schema, usage events on the real broker, IAM seeding."""
+"""Billing test support: the real app on a fresh schema, IAM seeded through its own handlers, usage events
+applied in-process or put on the real broker."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator
+from datetime import datetime
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from gpuaas.billing.app import SPEC
-from gpuaas.contracts import Event, topic_of
-from gpuaas.contracts.enums import AppUsageUnit, CapacityShape, MembershipScope, Role
-from gpuaas.contracts.events import identity as ev
-from gpuaas.contracts.events import usage as us
-from gpuaas.kit.iam import apply_locally
+from gpuaas.contracts import Event
+from gpuaas.contracts.enums import AppUsageUnit, CapacityShape, Role
+from gpuaas.contracts.events import usage as usage_events
 from gpuaas.kit.testing import running, service_app
-
-
-async def publish(bootstrap: str, events: Sequence[Event]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        futures = [await producer.send(topic_of(e).name, e.model_dump_json().encode(), key=e.key()) for e in events]
-        for f in futures:
-            await f
-    finally:
-        await producer.stop()
+from gpuaas.kit.testing_events import (
+    apply_events,
+    membership_granted,
+    platform_admin,
+    project_created,
+    publish,
+    tenant_created,
+)
 
 
 def gpu_usage(
@@ -40,11 +35,11 @@ def gpu_usage(
     gpus: int = 2,
     allocation: uuid.UUID | None = None,
     model: str = "H100-80GB",
-) -> us.UsageRecorded:
+) -> usage_events.UsageRecorded:
     allocation = allocation or uuid.uuid4()
     seconds = Decimal(gpus) * Decimal(str((end - start).total_seconds()))
-    data = us.UsageRecord(
-        usage_record_id=us.usage_record_id(allocation, start),
+    data = usage_events.UsageRecord(
+        usage_record_id=usage_events.usage_record_id(allocation, start),
         allocation_id=allocation,
         tenant_id=tenant,
         project_id=project,
@@ -55,7 +50,7 @@ def gpu_usage(
         window_end=end,
         gpu_seconds=seconds,
     )
-    return us.UsageRecorded.build(data=data, source="metering")
+    return usage_events.UsageRecorded.build(data=data, source="metering")
 
 
 def app_usage(
@@ -66,10 +61,10 @@ def app_usage(
     key: str,
     instance: uuid.UUID | None = None,
     slug: str = "vllm",
-) -> us.AppUsageRecorded:
+) -> usage_events.AppUsageRecorded:
     instance = instance or uuid.uuid4()
-    data = us.AppUsageRecord(
-        app_usage_record_id=us.app_usage_record_id(instance, key),
+    data = usage_events.AppUsageRecord(
+        app_usage_record_id=usage_events.app_usage_record_id(instance, key),
         instance_id=instance,
         tenant_id=tenant,
         project_id=project,
@@ -79,46 +74,22 @@ def app_usage(
         idempotency_key=key,
         occurred_at=at,
     )
-    return us.AppUsageRecorded.build(data=data, source="metering")
+    return usage_events.AppUsageRecorded.build(data=data, source="metering")
 
 
 def world_events(w: dict[str, uuid.UUID]) -> list[Event]:
-    def member(
-        user: uuid.UUID,
-        role: Role,
-        tenant: uuid.UUID | None,
-        project: uuid.UUID | None = None,
-        scope: MembershipScope | None = None,
-    ) -> Event:
-        scope = scope or (MembershipScope.project if project else MembershipScope.tenant)
-        m = ev.MembershipState(
-            membership_id=uuid.uuid4(), user_id=user, scope=scope, role=role, tenant_id=tenant, project_id=project
-        )
-        return ev.MembershipGranted.build(subject=m.membership_id, data=m, source="identity")
-
+    """Two tenants (t1 with projects p1 and p1b, t2 with p2), an operator and t1's roles, t2's admin."""
     return [
-        member(w["op"], Role.platform_admin, None, scope=MembershipScope.platform),
-        ev.TenantCreated.build(
-            subject=w["t1"], source="identity", data=ev.TenantState(tenant_id=w["t1"], slug="t1", name="T1")
-        ),
-        ev.TenantCreated.build(
-            subject=w["t2"], source="identity", data=ev.TenantState(tenant_id=w["t2"], slug="t2", name="T2")
-        ),
-        ev.ProjectCreated.build(
-            subject=w["p1"], source="identity", data=ev.ProjectState(project_id=w["p1"], tenant_id=w["t1"], name="p1")
-        ),
-        ev.ProjectCreated.build(
-            subject=w["p1b"],
-            source="identity",
-            data=ev.ProjectState(project_id=w["p1b"], tenant_id=w["t1"], name="p1b"),
-        ),
-        ev.ProjectCreated.build(
-            subject=w["p2"], source="identity", data=ev.ProjectState(project_id=w["p2"], tenant_id=w["t2"], name="p2")
-        ),
-        member(w["tadmin"], Role.tenant_admin, w["t1"]),
-        member(w["padmin"], Role.project_admin, w["t1"], w["p1"]),
-        member(w["viewer"], Role.viewer, w["t1"], w["p1"]),
-        member(w["other"], Role.tenant_admin, w["t2"]),
+        platform_admin(w["op"]),
+        tenant_created(w["t1"], "t1"),
+        tenant_created(w["t2"], "t2"),
+        project_created(w["p1"], w["t1"], "p1"),
+        project_created(w["p1b"], w["t1"], "p1b"),
+        project_created(w["p2"], w["t2"], "p2"),
+        membership_granted(w["tadmin"], Role.tenant_admin, w["t1"]),
+        membership_granted(w["padmin"], Role.project_admin, w["t1"], w["p1"]),
+        membership_granted(w["viewer"], Role.viewer, w["t1"], w["p1"]),
+        membership_granted(w["other"], Role.tenant_admin, w["t2"]),
     ]
 
 
@@ -127,9 +98,7 @@ async def billing(infra, signer) -> AsyncIterator[tuple[Any, Any, dict[str, uuid
     app = await service_app(SPEC, infra.admin_url, infra.kafka_bootstrap)
     w = {k: uuid.uuid4() for k in ("t1", "t2", "p1", "p1b", "p2", "op", "tadmin", "padmin", "viewer", "other")}
     async with running(app, jwks=signer.jwks) as (client, kit):
-        async with kit.sessions() as s, s.begin():
-            for e in world_events(w):
-                await apply_locally(s, e)
+        await apply_events(kit, *world_events(w))
         yield client, kit, w
 
 
@@ -141,11 +110,7 @@ def auth(signer):  # type: ignore[no-untyped-def]
     return make
 
 
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
 @pytest.fixture
 def h() -> SimpleNamespace:
     """The helpers above, as a fixture (test folders are not packages, so tests cannot import them)."""
-    return SimpleNamespace(publish=publish, gpu_usage=gpu_usage, app_usage=app_usage)
+    return SimpleNamespace(publish=publish, apply=apply_events, gpu_usage=gpu_usage, app_usage=app_usage)

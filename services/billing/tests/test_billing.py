@@ -174,7 +174,7 @@ async def test_usage_without_a_price_waits_and_is_rated_when_one_is_published(h,
     assert await q(kit, "SELECT count(*) FROM prices") == 1
 
 
-async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = billing
     await set_prices(client, auth, w, frm=now() - timedelta(days=40))
     r = await client.post(
@@ -196,8 +196,8 @@ async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(h, b
     # 2 GPU-hours = 5 USD in p1 (50 %), then 1.2 GPU-hours = 3 USD in p1b (80 %).
     e1 = h.gpu_usage(w["t1"], w["p1"], base, base + timedelta(minutes=30), gpus=4)
     e2 = h.gpu_usage(w["t1"], w["p1b"], base, base + timedelta(minutes=36), gpus=2)
-    await h.publish(infra.kafka_bootstrap, [e1, e2])
-    await wait_for(lambda: _is(charged(kit, w["t1"]), 2), 30, "charges")
+    await h.apply(kit, e1, e2)
+    assert await charged(kit, w["t1"]) == 2
     alerts = await q(
         kit,
         "SELECT string_agg(threshold_percent::text, ',' ORDER BY threshold_percent) "
@@ -228,14 +228,14 @@ async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(h, b
     assert (await client.get("/costs/breakdown", headers=auth(w["tadmin"]))).status_code == 403
 
 
-async def test_statements_close_ended_periods_once(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_statements_close_ended_periods_once(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = billing
     this_month = month_start(now())
     last_month = month_start(this_month - timedelta(days=1))
     await set_prices(client, auth, w, frm=last_month - timedelta(days=1))
     e = h.gpu_usage(w["t1"], w["p1"], this_month - timedelta(hours=2), this_month - timedelta(hours=1), gpus=1)
-    await h.publish(infra.kafka_bootstrap, [e])
-    await wait_for(lambda: _is(charged(kit, w["t1"]), 1), 30, "charge")
+    await h.apply(kit, e)
+    assert await charged(kit, w["t1"]) == 1
     period = f"{last_month.year:04d}-{last_month.month:02d}"
     r = await client.post(
         "/statements/close", json={"tenant_id": str(w["t1"]), "period": period}, headers=auth(w["op"])
@@ -253,8 +253,8 @@ async def test_statements_close_ended_periods_once(h, billing, infra, auth) -> N
     assert r.status_code == 422 and r.json()["code"] == "period_not_ended"
     # A late record for the closed period counts in the open one; the statement is never rewritten.
     late = h.gpu_usage(w["t1"], w["p1"], this_month - timedelta(minutes=30), this_month - timedelta(minutes=6), gpus=1)
-    await h.publish(infra.kafka_bootstrap, [late])
-    await wait_for(lambda: _is(charged(kit, w["t1"]), 2), 30, "late charge")
+    await h.apply(kit, late)
+    assert await charged(kit, w["t1"]) == 2
     assert (
         await q(kit, "SELECT period_start FROM charges WHERE usage_record_id = :u", u=late.data.usage_record_id)
         == this_month
@@ -264,6 +264,110 @@ async def test_statements_close_ended_periods_once(h, billing, infra, auth) -> N
     assert (
         await client.get("/statements", params={"tenant_id": str(w["t1"])}, headers=auth(w["other"]))
     ).status_code == 404
+
+
+async def test_a_statement_is_read_only_within_its_tenant(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+    client, kit, w = billing
+    this_month = month_start(now())
+    last_month = month_start(this_month - timedelta(days=1))
+    await set_prices(client, auth, w, frm=last_month - timedelta(days=1))
+    await h.apply(kit, h.gpu_usage(w["t1"], w["p1"], last_month, last_month + timedelta(hours=1), gpus=1))
+    period = f"{last_month.year:04d}-{last_month.month:02d}"
+    r = await client.post(
+        "/statements/close", json={"tenant_id": str(w["t1"]), "period": period}, headers=auth(w["op"])
+    )
+    assert r.status_code == 201, r.text
+    statement_id = r.json()[0]["statement_id"]
+    own = await client.get(f"/statements/{statement_id}", headers=auth(w["tadmin"]))
+    assert own.status_code == 200 and own.json()["tenant_id"] == str(w["t1"])
+    assert Decimal(own.json()["total_amount"]) == Decimal("2.5")
+    # Another tenant's admin is answered as if the statement did not exist (404), never with its content.
+    other = await client.get(f"/statements/{statement_id}", headers=auth(w["other"]))
+    assert other.status_code == 404 and other.headers["content-type"].startswith("application/problem+json")
+    assert set(other.json()) <= {"type", "title", "status", "detail", "code", "instance", "correlation_id"}
+    unknown = await client.get(f"/statements/{uuid.uuid4()}", headers=auth(w["other"]))
+    assert unknown.status_code == 404 and unknown.json()["code"] == "statement_not_found"
+
+
+async def test_a_new_price_rates_usage_from_its_start_and_earlier_usage_keeps_the_old_one(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+    client, kit, w = billing
+    switch = now().replace(microsecond=0) - timedelta(hours=2)
+    await set_prices(client, auth, w, gpu="2.00", frm=switch - timedelta(days=10))
+    body = {"unit": "gpu_hour", "currency": "USD", "gpu_model": "H100-80GB", "shape": "gpu_slice"}
+    r = await client.post(
+        "/prices", json={**body, "unit_price": "3.00", "effective_from": switch.isoformat()}, headers=auth(w["op"])
+    )
+    assert r.status_code == 201, r.text
+    new_price = r.json()["price_id"]
+    before = h.gpu_usage(w["t1"], w["p1"], switch - timedelta(hours=1), switch, gpus=1)
+    # A price applies to usage that *started* in its range: this hour straddles the switch, yet is old-priced.
+    straddling = h.gpu_usage(w["t1"], w["p1"], switch - timedelta(seconds=1), switch + timedelta(seconds=3599), gpus=1)
+    at_switch = h.gpu_usage(w["t1"], w["p1"], switch, switch + timedelta(minutes=30), gpus=1)
+    await h.apply(kit, before, straddling, at_switch)
+    charged_at = {
+        e.data.usage_record_id: (
+            await q(kit, "SELECT unit_price FROM charges WHERE usage_record_id = :u", u=e.data.usage_record_id),
+            await q(kit, "SELECT amount FROM charges WHERE usage_record_id = :u", u=e.data.usage_record_id),
+        )
+        for e in (before, straddling, at_switch)
+    }
+    assert charged_at[before.data.usage_record_id] == (Decimal("2.00"), Decimal("2.000000"))
+    assert charged_at[straddling.data.usage_record_id] == (Decimal("2.00"), Decimal("2.000000"))
+    assert charged_at[at_switch.data.usage_record_id] == (Decimal("3.00"), Decimal("1.500000"))
+    assert (
+        str(await q(kit, "SELECT price_id FROM charges WHERE usage_record_id = :u", u=at_switch.data.usage_record_id))
+        == new_price
+    )
+    # The price book shows the old price ending where the new one starts; only the new one is current.
+    sku = "gpu-hour.H100-80GB.gpu_slice"
+    book = (await client.get("/prices", params={"sku": sku}, headers=auth(w["viewer"]))).json()
+    assert [Decimal(p["unit_price"]) for p in book] == [Decimal("2.00"), Decimal("3.00")]
+    assert datetime.fromisoformat(book[0]["effective_to"]) == switch and book[1]["effective_to"] is None
+    current = (await client.get("/prices", params={"sku": sku, "current": True}, headers=auth(w["viewer"]))).json()
+    assert [p["price_id"] for p in current] == [new_price]
+    # A price may not start before usage already charged at the current one: charges are never rewritten.
+    r = await client.post(
+        "/prices",
+        json={**body, "unit_price": "4.00", "effective_from": (switch + timedelta(minutes=1)).isoformat()},
+        headers=auth(w["op"]),
+    )
+    assert r.status_code == 201  # after the last charged usage start (the switch): accepted
+    r = await client.post(
+        "/prices", json={**body, "unit_price": "5.00", "effective_from": switch.isoformat()}, headers=auth(w["op"])
+    )
+    assert r.status_code == 409 and r.json()["code"] == "price_not_after_current"
+
+
+async def test_amounts_are_rounded_half_even_to_six_decimals_and_totals_are_exact_sums(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+    """The rule of domain.rate: amounts to 0.000001 ROUND_HALF_EVEN (ties go to the even digit), quantities to
+    9 decimals; views and statements add the rounded charges, so a total is exactly the sum of its lines."""
+    client, kit, w = billing
+    start = month_start(now()) + timedelta(minutes=1)
+    await set_prices(client, auth, w, tokens="0.0000005", frm=start - timedelta(days=40))
+    # tokens x 0.0000005 = exact ties at the 7th decimal: half-even -> 0, 0.000002, 0.000002, 0.000004
+    # (half-up would give 0.000001, 0.000002, 0.000003, 0.000005).
+    tokens = {"1": "0.000000", "3": "0.000002", "5": "0.000002", "9": "0.000004"}
+    app = [h.app_usage(w["t1"], w["p1"], start, n, f"tie-{n}") for n in tokens]
+    # 1 GPU-second at 2.50/h = 0.000694444... USD, 0.000277777... GPU-hour.
+    gpu = h.gpu_usage(w["t1"], w["p1"], start, start + timedelta(seconds=1), gpus=1)
+    await h.apply(kit, *app, gpu)
+    for e, expected in zip(app, tokens.values(), strict=True):
+        amount = await q(kit, "SELECT amount FROM charges WHERE usage_record_id = :u", u=e.data.app_usage_record_id)
+        assert amount == Decimal(expected), (e.data.quantity, amount)
+    assert await q(kit, "SELECT amount FROM charges WHERE usage_record_id = :u", u=gpu.data.usage_record_id) == Decimal(
+        "0.000694"
+    )
+    assert await q(
+        kit, "SELECT quantity FROM charges WHERE usage_record_id = :u", u=gpu.data.usage_record_id
+    ) == Decimal("0.000277778")
+    r = await client.get("/costs", params={"project_id": str(w["p1"])}, headers=auth(w["padmin"]))
+    assert r.status_code == 200, r.text
+    project = r.json()["projects"][0]
+    assert Decimal(project["app_amount"]) == Decimal("0.000008")
+    assert Decimal(project["gpu_amount"]) == Decimal("0.000694")
+    assert Decimal(project["amount"]) == Decimal("0.000702")
+    r = await client.get("/ledger/balance", headers=auth(w["op"]))
+    assert r.json()["balanced"] is True
 
 
 async def _is(value_coro, expected) -> bool:  # type: ignore[no-untyped-def]

@@ -15,9 +15,9 @@ import pytest
 
 from gpuaas.catalog.app import SPEC
 from gpuaas.catalog.oci import RegistryClient
-from gpuaas.catalog.testing import LocalRegistry, RegistryMissing
 from gpuaas.contracts.enums import MembershipScope, Role
 from gpuaas.contracts.events import identity as ev
+from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.iam import apply_locally
 from gpuaas.kit.testing import running, service_app

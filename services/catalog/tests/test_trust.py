@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gpuaas.catalog.oci import ACCEPT, TrustError, digest_of, parse_ref
-from gpuaas.catalog.testing import require_tools
+from gpuaas.devstack.registry import require_tools
 
 pytestmark = pytest.mark.integration
 

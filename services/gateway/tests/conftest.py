@@ -118,6 +118,19 @@ class Issuer:
         return jwt.encode({"alg": "ES256", "kid": signing_key.kid}, body, signing_key)
 
 
+class FakeClock:
+    """Monotonic seconds that move only when a test moves them."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @dataclass
 class Stack:
     issuer: Issuer
@@ -141,10 +154,11 @@ class Stack:
         } | overrides
         return Settings(**values)
 
-    async def gateway(self, **overrides: Any) -> str:
-        """Start a gateway (stopped at the end of the test); returns its base URL."""
+    async def gateway(self, clock: Callable[[], float] = time.monotonic, **overrides: Any) -> str:
+        """Start a gateway (stopped at the end of the test); returns its base URL. `clock` drives its
+        rate limiter (a `FakeClock` makes the buckets refill only when the test says so)."""
         settings = self.settings(**overrides)
-        return await self.servers.start(server_config(create_app(settings), settings))
+        return await self.servers.start(server_config(create_app(settings, clock=clock), settings))
 
     def bearer(self, **claims: Any) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.issuer.token(**claims)}"}
@@ -193,6 +207,11 @@ def _free_port_fixture() -> Callable[[], int]:
 
 
 @pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
 def eventually() -> Callable[..., Any]:
     return _eventually
 
@@ -217,7 +236,8 @@ def make_upstream(name: str) -> FastAPI:
     that the aggregated OpenAPI keeps them apart."""
     app = FastAPI(title=f"test {name}", version=f"1.0-{name}", description=f"The {name} stand-in.", openapi_url=None)
     app.state.openapi_fetches = 0
-    app.state.sse_finished = False
+    app.state.sse_finished = False  # the event stream ran to its end
+    app.state.sse_closed = False  # the event stream's generator has ended: finished, or stopped by a disconnect
     app.state.ws_closes = []
     app.state.uploaded = []
 
@@ -293,12 +313,15 @@ def make_upstream(name: str) -> FastAPI:
         query = request.query_params
 
         async def gen() -> AsyncIterator[bytes]:
-            yield b"event: hello\ndata: " + (request.headers.get("authorization") or "").encode() + b"\n\n"
-            yield b"data: query=" + request.scope["query_string"] + b"\n\n"
-            for i in range(int(query.get("n", "3"))):
-                await asyncio.sleep(float(query.get("gap", "0.4")))
-                yield f"id: {i}\ndata: tick {i}\n\n".encode()
-            app.state.sse_finished = True
+            try:
+                yield b"event: hello\ndata: " + (request.headers.get("authorization") or "").encode() + b"\n\n"
+                yield b"data: query=" + request.scope["query_string"] + b"\n\n"
+                for i in range(int(query.get("n", "3"))):
+                    await asyncio.sleep(float(query.get("gap", "0.4")))
+                    yield f"id: {i}\ndata: tick {i}\n\n".encode()
+                app.state.sse_finished = True
+            finally:  # also on cancellation or close (GeneratorExit), when the server stops the stream
+                app.state.sse_closed = True
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 

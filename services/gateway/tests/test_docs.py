@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 from gpuaas.gateway.docs import Fetched, merge_openapi
-from gpuaas.gateway.runtime import Upstream
+from gpuaas.gateway.upstreams import Upstream
 
 
 def all_refs(value: Any) -> list[str]:

@@ -67,8 +67,8 @@ async def test_client_forwarded_for_is_appended_to(stack, gateway):
     assert h["x-forwarded-proto"] == ["http"]  # the peer is not a trusted proxy
 
 
-async def test_trusted_proxy_forwarded_headers_are_believed(stack):
-    gateway = await stack.gateway(trusted_proxies=["127.0.0.1"], rate_limit_per_s=1, rate_limit_burst=1)
+async def test_trusted_proxy_forwarded_headers_are_believed(stack, clock):
+    gateway = await stack.gateway(clock=clock, trusted_proxies=["127.0.0.1"], rate_limit_per_s=1, rate_limit_burst=1)
     async with httpx.AsyncClient(base_url=gateway) as client:
         first = await client.get(
             "/api/identity/auth/login", headers={"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}

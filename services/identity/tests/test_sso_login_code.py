@@ -16,8 +16,8 @@ import pytest
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from sqlalchemy import insert, select
 
+from gpuaas.identity.credentials import new_secret, now, token_hash
 from gpuaas.identity.models import sessions, sso_login_codes, sso_states
-from gpuaas.identity.tokens import new_secret, now, token_hash
 from gpuaas.kit.testing import wait_for
 
 from .conftest import Identity

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpuaas.identity.domain import InvalidReturnTo, validate_return_to, with_query
 from gpuaas.identity.settings import Settings
-from gpuaas.identity.sso import InvalidReturnTo, _with_query, validate_return_to
 
 SETTINGS = Settings(
     public_url="https://gpu.example.com/api/identity", sso_return_origins=["https://console.example.net"]
@@ -56,6 +56,6 @@ def test_anything_else_is_refused(value: str) -> None:
 
 
 def test_result_joins_the_query_and_keeps_the_fragment() -> None:
-    url = _with_query("https://gpu.example.com/?sso=n&login_code=old#/x", {"login_code": "slc_new"})
+    url = with_query("https://gpu.example.com/?sso=n&login_code=old#/x", {"login_code": "slc_new"})
     assert url == "https://gpu.example.com/?sso=n&login_code=slc_new#/x"
-    assert _with_query("http://127.0.0.1:5/cb", {"error": "idp_denied"}) == "http://127.0.0.1:5/cb?error=idp_denied"
+    assert with_query("http://127.0.0.1:5/cb", {"error": "idp_denied"}) == "http://127.0.0.1:5/cb?error=idp_denied"

@@ -1,37 +1,48 @@
-"""Metering test support: the real app on a fresh schema, events put on the real broker, IAM seeding."""
+"""Metering test support: the real app on a fresh schema, IAM seeded through its own handlers, lifecycle
+events applied in-process or put on the real broker, and the window closer driven at chosen instants.
+
+The `metering` app's own window closer runs once at start-up and then stays idle: a test moves the
+closer itself with `h.close_windows(kit, at=...)`, so where windows fall never depends on the wall clock
+(an hour boundary passing mid-test cannot record a window behind the test's back). `metering_live_closer`
+runs it every 0.2 s for the test of the background loop itself.
+"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
-from gpuaas.contracts import Event, topic_of
-from gpuaas.contracts.enums import AllocationStatus, CapacityShape, InstanceStatus, MembershipScope, Role
-from gpuaas.contracts.events import allocations as al
-from gpuaas.contracts.events import app_runtime as ar
-from gpuaas.contracts.events import identity as ev
-from gpuaas.kit.iam import apply_locally
+from gpuaas.contracts import Event
+from gpuaas.contracts.enums import AllocationStatus, CapacityShape, InstanceStatus, Role
+from gpuaas.contracts.events import allocations as allocation_events
+from gpuaas.contracts.events import app_runtime as app_runtime_events
+from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.testing import running, service_app
+from gpuaas.kit.testing_events import (
+    apply_events,
+    membership_granted,
+    platform_admin,
+    project_created,
+    publish,
+    service_account_created,
+    tenant_created,
+)
 from gpuaas.metering.app import SPEC
+from gpuaas.metering.reconciler import close_windows_once
+
+World = tuple[Any, KitRuntime, dict[str, uuid.UUID]]
+CLOSER_BATCH = 5  # small, so a test can fill a batch
 
 
-async def publish(bootstrap: str, events: Sequence[Event]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for e in events:
-            await producer.send_and_wait(topic_of(e).name, e.model_dump_json().encode(), key=e.key())
-    finally:
-        await producer.stop()
-
-
-def allocation(event_cls: type[Event], state: al.AllocationState, **changes: Any) -> tuple[Event, al.AllocationState]:
+def allocation(
+    event_cls: type[Event], state: allocation_events.AllocationState, **changes: Any
+) -> tuple[Event, allocation_events.AllocationState]:
     """The next event of an allocation: its full state with `changes` and the version bumped."""
     new = state.model_copy(update={**changes, "version": state.version + 1})
     return event_cls.build(data=new, source="allocations"), new
@@ -39,8 +50,8 @@ def allocation(event_cls: type[Event], state: al.AllocationState, **changes: Any
 
 def new_allocation(
     tenant: uuid.UUID, project: uuid.UUID, activated_at: datetime, gpus: int = 2, host: uuid.UUID | None = None
-) -> tuple[Event, al.AllocationState]:
-    s = al.AllocationState(
+) -> tuple[Event, allocation_events.AllocationState]:
+    s = allocation_events.AllocationState(
         allocation_id=uuid.uuid4(),
         tenant_id=tenant,
         project_id=project,
@@ -54,11 +65,11 @@ def new_allocation(
         activated_at=activated_at,
         version=3,
     )
-    return al.AllocationActivated.build(data=s, source="allocations"), s
+    return allocation_events.AllocationActivated.build(data=s, source="allocations"), s
 
 
 def instance_created(tenant: uuid.UUID, project: uuid.UUID, at: datetime, slug: str = "vllm") -> Event:
-    s = ar.InstanceState(
+    s = app_runtime_events.InstanceState(
         instance_id=uuid.uuid4(),
         tenant_id=tenant,
         project_id=project,
@@ -70,80 +81,56 @@ def instance_created(tenant: uuid.UUID, project: uuid.UUID, at: datetime, slug: 
         status_changed_at=at,
         version=1,
     )
-    return ar.InstanceCreated.build(data=s, source="app-runtime")
+    return app_runtime_events.InstanceCreated.build(data=s, source="app-runtime")
+
+
+async def close_windows(kit: KitRuntime, *, at: datetime) -> bool:
+    """One batch of the window closer as of `at` (settle 0 here); True when the batch was full."""
+    return await close_windows_once(kit, now=at)
 
 
 def world_events(w: dict[str, uuid.UUID]) -> list[Event]:
-    def member(
-        user: uuid.UUID,
-        role: Role,
-        tenant: uuid.UUID | None,
-        project: uuid.UUID | None = None,
-        scope: MembershipScope | None = None,
-    ) -> Event:
-        scope = scope or (MembershipScope.project if project else MembershipScope.tenant)
-        m = ev.MembershipState(
-            membership_id=uuid.uuid4(), user_id=user, scope=scope, role=role, tenant_id=tenant, project_id=project
-        )
-        return ev.MembershipGranted.build(subject=m.membership_id, data=m, source="identity")
-
+    """Two tenants (t1/p1, t2/p2), an operator, a viewer of p1, t2's admin, an app controller in each project."""
     return [
-        member(w["op"], Role.platform_admin, None, scope=MembershipScope.platform),
-        ev.TenantCreated.build(
-            subject=w["t1"], source="identity", data=ev.TenantState(tenant_id=w["t1"], slug="t1", name="T1")
-        ),
-        ev.TenantCreated.build(
-            subject=w["t2"], source="identity", data=ev.TenantState(tenant_id=w["t2"], slug="t2", name="T2")
-        ),
-        ev.ProjectCreated.build(
-            subject=w["p1"], source="identity", data=ev.ProjectState(project_id=w["p1"], tenant_id=w["t1"], name="p1")
-        ),
-        ev.ProjectCreated.build(
-            subject=w["p2"], source="identity", data=ev.ProjectState(project_id=w["p2"], tenant_id=w["t2"], name="p2")
-        ),
-        member(w["viewer"], Role.viewer, w["t1"], w["p1"]),
-        member(w["other"], Role.tenant_admin, w["t2"]),
-        ev.ServiceAccountCreated.build(
-            subject=w["sa"],
-            source="identity",
-            data=ev.ServiceAccountState(
-                service_account_id=w["sa"], tenant_id=w["t1"], project_id=w["p1"], name="ctl", scopes=["app-controller"]
-            ),
-        ),
-        ev.ServiceAccountCreated.build(
-            subject=w["sa2"],
-            source="identity",
-            data=ev.ServiceAccountState(
-                service_account_id=w["sa2"],
-                tenant_id=w["t2"],
-                project_id=w["p2"],
-                name="ctl2",
-                scopes=["app-controller"],
-            ),
-        ),
+        platform_admin(w["op"]),
+        tenant_created(w["t1"], "t1"),
+        tenant_created(w["t2"], "t2"),
+        project_created(w["p1"], w["t1"], "p1"),
+        project_created(w["p2"], w["t2"], "p2"),
+        membership_granted(w["viewer"], Role.viewer, w["t1"], w["p1"]),
+        membership_granted(w["other"], Role.tenant_admin, w["t2"]),
+        service_account_created(w["sa"], w["t1"], w["p1"], "ctl"),
+        service_account_created(w["sa2"], w["t2"], w["p2"], "ctl2"),
     ]
 
 
-@pytest.fixture
-async def metering(infra, signer) -> AsyncIterator[tuple[Any, Any, dict[str, uuid.UUID]]]:  # type: ignore[no-untyped-def]
+@asynccontextmanager
+async def metering_app(infra: Any, signer: Any, closer_interval_s: float) -> AsyncIterator[World]:
     app = await service_app(
         SPEC,
         infra.admin_url,
         infra.kafka_bootstrap,
         window_settle_s=0.0,
-        closer_interval_s=0.2,
+        closer_interval_s=closer_interval_s,
+        closer_batch=CLOSER_BATCH,
         heartbeat_grace_s=600.0,
     )
     w = {k: uuid.uuid4() for k in ("t1", "t2", "p1", "p2", "op", "viewer", "other", "sa", "sa2")}
     async with running(app, jwks=signer.jwks) as (client, kit):
-        async with kit.sessions() as s, s.begin():
-            for e in world_events(w):
-                await apply_locally(s, e)
+        await apply_events(kit, *world_events(w))
         yield client, kit, w
 
 
-def now() -> datetime:
-    return datetime.now(UTC)
+@pytest.fixture
+async def metering(infra, signer) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+    async with metering_app(infra, signer, closer_interval_s=3600.0) as world:
+        yield world
+
+
+@pytest.fixture
+async def metering_live_closer(infra, signer) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+    async with metering_app(infra, signer, closer_interval_s=0.2) as world:
+        yield world
 
 
 @pytest.fixture
@@ -158,5 +145,10 @@ def auth(signer):  # type: ignore[no-untyped-def]
 def h() -> SimpleNamespace:
     """The helpers above, as a fixture (test folders are not packages, so tests cannot import them)."""
     return SimpleNamespace(
-        publish=publish, allocation=allocation, new_allocation=new_allocation, instance_created=instance_created
+        publish=publish,
+        apply=apply_events,
+        allocation=allocation,
+        new_allocation=new_allocation,
+        instance_created=instance_created,
+        close_windows=close_windows,
     )

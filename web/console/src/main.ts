@@ -3,6 +3,7 @@ import "./style.css";
 import { describe, logout, onSignedOut, signedIn } from "./api";
 import { type Context, loadContext, resetContext, selectProject } from "./context";
 import { clear, h } from "./dom";
+import { type Cleanup, go, setRenderer } from "./nav";
 import { allocationDetail, allocationList, allocationNew } from "./pages/allocations";
 import { appCatalog, deployWizard, instanceDetail, instanceList } from "./pages/apps";
 import { billing } from "./pages/billing";
@@ -11,7 +12,6 @@ import { auditLog, deadLetters, entitlements, hosts, artifacts } from "./pages/o
 import { keysAndVolumes } from "./pages/resources";
 import { terminalPage } from "./pages/terminal";
 
-export type Cleanup = () => void;
 export type Page = (main: HTMLElement, params: string[], ctx: Context) => Promise<Cleanup | void>;
 
 const routes: Array<[RegExp, Page, string]> = [
@@ -35,11 +35,6 @@ const routes: Array<[RegExp, Page, string]> = [
 const app = document.getElementById("app")!;
 let cleanup: Cleanup | void;
 let rendering = 0;
-
-export function go(path: string): void {
-  if (location.hash === `#${path}`) void render();
-  else location.hash = path;
-}
 
 function nav(ctx: Context): HTMLElement {
   const link = (path: string, label: string) =>
@@ -143,6 +138,7 @@ async function render(): Promise<void> {
   main.append(h("h1", null, "Not found"), h("p", null, h("a", { href: "#/allocations" }, "Back to allocations")));
 }
 
+setRenderer(() => void render());
 onSignedOut(() => {
   resetContext();
   go("/login");

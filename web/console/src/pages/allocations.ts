@@ -1,7 +1,7 @@
 import { describe, del, get, post, token } from "../api";
 import { canReadBilling, type Context, type Obj } from "../context";
 import { badge, clear, field, h, table, when } from "../dom";
-import { go, type Cleanup } from "../main";
+import { go, type Cleanup } from "../nav";
 
 const A = "/api/allocations";
 

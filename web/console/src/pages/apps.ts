@@ -1,7 +1,7 @@
 import { describe, get, post, streamEvents } from "../api";
 import type { Context, Obj } from "../context";
 import { badge, clear, field, h, table, when } from "../dom";
-import { go, type Cleanup } from "../main";
+import { go, type Cleanup } from "../nav";
 
 const C = "/api/catalog";
 const R = "/api/app-runtime";

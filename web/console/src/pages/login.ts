@@ -1,7 +1,7 @@
 import { anonymous, describe, exchangeLoginCode, login, ApiError } from "../api";
 import { type Obj } from "../context";
 import { clear, field, h } from "../dom";
-import { go } from "../main";
+import { go } from "../nav";
 
 type Tab = "work" | "personal";
 

@@ -3,7 +3,7 @@ import { Terminal } from "@xterm/xterm";
 import { get, token, wsUrl } from "../api";
 import type { Obj } from "../context";
 import { h } from "../dom";
-import type { Cleanup } from "../main";
+import type { Cleanup } from "../nav";
 
 const CLOSE_REASONS: Record<number, string> = {
   4401: "not signed in",

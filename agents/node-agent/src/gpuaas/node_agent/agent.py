@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,13 @@ JOURNAL_KEEP = 2000
 
 class TaskFailed(Exception):
     pass
+
+
+async def wait_or_stop(stopping: asyncio.Event, seconds: float) -> bool:
+    """Sleep `seconds`, waking at once when `stopping` is set; True when it was (every loop's pause)."""
+    with suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)
+    return stopping.is_set()
 
 
 class Journal:
@@ -77,6 +85,7 @@ class Agent:
         )
         self.host_id: str | None = None
         self.ssh_port = 0
+        self.heartbeat_interval = settings.heartbeat_interval_s  # the service's value once registered
         self.failures = self._parse_failures(settings.inject_failures)
         self.stopping = asyncio.Event()
         self.registered = asyncio.Event()
@@ -95,7 +104,7 @@ class Agent:
         port = self.s.ssh_port or self._remembered_port()
         self.ssh_port = await self.endpoint.start(self.s.ssh_bind, port)
         (self.state_dir / "ssh_port").write_text(str(self.ssh_port))
-        log.info("ssh endpoint on %s:%s", self.s.ssh_bind, self.ssh_port)
+        log.info("ssh endpoint on %s:%s, host key %s", self.s.ssh_bind, self.ssh_port, self.endpoint.host_public_key)
         try:
             await self.register()
             beats = asyncio.create_task(self._heartbeats())
@@ -104,6 +113,7 @@ class Agent:
             finally:
                 beats.cancel()
         finally:
+            self.stopping.set()
             await self.endpoint.stop()
             await self.client.aclose()
 
@@ -139,12 +149,11 @@ class Agent:
                 log.error("registration refused: %s %s", r.status_code, r.text[:300])
             except httpx.HTTPError as exc:
                 log.warning("allocations unreachable: %s", exc)
-            await asyncio.sleep(delay)
+            await wait_or_stop(self.stopping, delay)
             delay = min(delay * 2, 10)
 
     async def _heartbeats(self) -> None:
-        while True:
-            await asyncio.sleep(getattr(self, "heartbeat_interval", self.s.heartbeat_interval_s))
+        while not await wait_or_stop(self.stopping, self.heartbeat_interval):
             try:
                 r = await self.client.post("/agent/heartbeat")
                 if r.status_code == 401:
@@ -160,7 +169,7 @@ class Agent:
                 tasks = r.json()
             except httpx.HTTPError as exc:
                 log.warning("task poll failed: %s", exc)
-                await asyncio.sleep(1)
+                await wait_or_stop(self.stopping, 1)
                 continue
             for task in tasks:
                 await self.handle(task)
@@ -185,6 +194,7 @@ class Agent:
         await self._report(task_id, outcome)
 
     async def _report(self, task_id: str, outcome: dict[str, Any]) -> None:
+        """Retry until the service has the outcome; on a shutdown the journal keeps it for the next run."""
         delay = 0.2
         while True:
             try:
@@ -193,7 +203,8 @@ class Agent:
                     return  # 200 applied or already applied; 404 means the task is not ours any more
             except httpx.HTTPError as exc:
                 log.warning("completion report failed (will retry): %s", exc)
-            await asyncio.sleep(delay)
+            if await wait_or_stop(self.stopping, delay):
+                return
             delay = min(delay * 2, 5)
 
     async def step(
@@ -249,12 +260,13 @@ class Agent:
             "username": p["username"],
         }
 
-    async def _interrupt(self, allocation_id: str, username: str) -> None:
+    async def _interrupt(self, allocation_id: str, username: str) -> int:
+        """Close the account's SSH sessions and kill every process of the allocation; the sessions closed."""
         sessions = self.endpoint.disconnect(username)
         survivors = await asyncio.to_thread(kill_all, allocation_id)
         if survivors:
             raise TaskFailed(f"processes {survivors} of the allocation survived SIGKILL")
-        return sessions  # type: ignore[return-value]
+        return sessions
 
     async def _do_restart(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         ws = self.workspaces.get(p["allocation_id"])

@@ -44,6 +44,11 @@ class Endpoint:
             os.chmod(self.host_key_path, 0o600)
         return asyncssh.read_private_key(str(self.host_key_path))
 
+    @property
+    def host_public_key(self) -> str:
+        """The endpoint's host key as an OpenSSH public key line (what a client's known_hosts pins)."""
+        return self._host_key().export_public_key().decode().strip()
+
     async def start(self, host: str, port: int) -> int:
         endpoint = self
 

@@ -24,17 +24,9 @@ from typing import Any
 
 import httpx
 
-from gpuaas.devstack.stack import (
-    GATEWAY,
-    Stack,
-    StackError,
-    StackInterrupted,
-    proc_matches,
-    read_json,
-    stop_recorded,
-    wait_gone,
-    write_private,
-)
+from gpuaas.devstack.config import GATEWAY, StackError, StackInterrupted
+from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.state import proc_matches, read_json, stop_recorded, wait_gone, write_private
 
 log = logging.getLogger("gpuaas.devstack")
 
@@ -102,14 +94,12 @@ def banner(stack: Stack, elapsed_s: float | None = None) -> str:
             + ", ".join(f"{n} ({gpus.get(n, '?')}, agent pid {a['pid']})" for n, a in st["agents"].items())
             + "   (node-agents with declared GPUs; create an allocation at once)"
         )
-    if stack.skipped:
-        lines.append(f"  Skipped    {', '.join(stack.skipped)} (no module yet)")
     lines += ["", "Ctrl-C stops everything.", ""]
     return "\n".join(lines)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    stack = Stack(root=args.root, skip_missing=args.skip_missing, free_ports=args.free_ports)
+    stack = Stack(root=args.root, free_ports=args.free_ports)
 
     def on_signal(signum: int, _frame: Any) -> None:
         if not stack.cancel.is_set():
@@ -135,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    stack = Stack(root=args.root, skip_missing=args.skip_missing)
+    stack = Stack(root=args.root)
     try:
         stack.migrate()
     except StackError as exc:
@@ -210,13 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start everything, supervise until Ctrl-C, stop everything")
     run.add_argument("--free-ports", action="store_true", help="pick free ports instead of the defaults")
-    mig = sub.add_parser("migrate", help="provision the database and run every service's migrations")
-    for p in (run, mig):
-        p.add_argument(
-            "--skip-missing",
-            action="store_true",
-            help="run without services that have no module yet (development of the stack itself only)",
-        )
+    sub.add_parser("migrate", help="provision the database and run every service's migrations")
     sub.add_parser("stop", help="stop the stack recorded in stack.json")
     status = sub.add_parser("status", help="show the recorded stack and whether each process is ready")
     status.add_argument("--json", action="store_true")

@@ -14,35 +14,45 @@ import os
 import signal
 import subprocess
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import httpx
 
-if TYPE_CHECKING:
-    from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.credentials import Credentials
+from gpuaas.devstack.infra import signal_group, stop_process
 
 log = logging.getLogger("gpuaas.devstack")
-DEFAULT_AGENTS: tuple[tuple[str, str], ...] = (("local-h100", "8xH100-80GB"), ("local-a100", "4xA100-80GB"))
 ENROL_TIMEOUT_S = 90.0
 
 
 class LocalAgents:
-    def __init__(self, stack: Stack) -> None:
-        self.stack = stack
+    def __init__(
+        self,
+        configured: Sequence[tuple[str, str]],
+        root: Path,
+        logs_dir: Path,
+        host: str,
+        python: str,
+        credentials: Credentials,
+        service_url: Callable[[str], str],
+    ) -> None:
+        self.configured = list(configured)  # (name, declared GPUs)
+        self.root = root
+        self.logs_dir = logs_dir
+        self.host = host
+        self.python = python
+        self.credentials = credentials
+        self.service_url = service_url
         self.procs: dict[str, subprocess.Popen] = {}
         self.wanted: set[str] = set()
-
-    @property
-    def configured(self) -> list[tuple[str, str]]:
-        if "allocations" not in self.stack.services or "identity" not in self.stack.services:
-            return []
-        return list(self.stack.config.agents)
 
     # ------------------------------------------------------------------------------------ enrolment
 
     def _operator(self) -> httpx.Client:
-        email, password = self.stack.admin_login
-        identity = self.stack.service_url("identity")
+        email, password = self.credentials.admin_login
+        identity = self.service_url("identity")
         r = httpx.post(
             f"{identity}/auth/token",
             data={"grant_type": "password", "username": email, "password": password},
@@ -51,12 +61,12 @@ class LocalAgents:
         r.raise_for_status()
         token = r.json()["access_token"]
         return httpx.Client(
-            base_url=self.stack.service_url("allocations"), timeout=30, headers={"Authorization": f"Bearer {token}"}
+            base_url=self.service_url("allocations"), timeout=30, headers={"Authorization": f"Bearer {token}"}
         )
 
     def _token_works(self, token: str) -> bool:
         r = httpx.post(
-            f"{self.stack.service_url('allocations')}/agent/heartbeat",
+            f"{self.service_url('allocations')}/agent/heartbeat",
             headers={"Authorization": f"Bearer {token}"},
             timeout=10,
         )
@@ -64,10 +74,9 @@ class LocalAgents:
 
     def _enrol(self, name: str) -> str:
         """A valid node token for host `name`: stored, freshly enrolled, or rotated."""
-        store = self.stack._secret_store()
-        tokens = store.setdefault("agents", {})
-        if tokens.get(name) and self._token_works(tokens[name]):
-            return str(tokens[name])
+        stored = self.credentials.agent_token(name)
+        if stored and self._token_works(stored):
+            return stored
         deadline = time.monotonic() + ENROL_TIMEOUT_S
         while True:
             try:
@@ -77,11 +86,9 @@ class LocalAgents:
                         host = next(h for h in op.get("/hosts").json() if h["name"] == name)
                         r = op.post(f"/hosts/{host['host_id']}/node-token")
                     if r.status_code in (200, 201):
-                        tokens[name] = r.json()["node_token"]
-                        from gpuaas.devstack.stack import write_private
-
-                        write_private(self.stack.secrets_path, store)
-                        return str(tokens[name])
+                        token = str(r.json()["node_token"])
+                        self.credentials.set_agent_token(name, token)
+                        return token
                     # 401/403/404 while allocations' IAM projection has not seen the operator yet
                     last = f"{r.status_code} {r.text[:200]}"
             except httpx.HTTPError as exc:
@@ -93,20 +100,20 @@ class LocalAgents:
     # ------------------------------------------------------------------------------------ processes
 
     def _spawn(self, name: str, gpus: str, token: str) -> None:
-        state = self.stack.root / "agents" / name
+        state = self.root / "agents" / name
         state.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
-            "GPUAAS_AGENT_SERVER_URL": self.stack.service_url("allocations"),
+            "GPUAAS_AGENT_SERVER_URL": self.service_url("allocations"),
             "GPUAAS_AGENT_NODE_TOKEN": token,
             "GPUAAS_AGENT_STATE_DIR": str(state),
             "GPUAAS_AGENT_GPUS": gpus,
             "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
-            "GPUAAS_AGENT_SSH_BIND": self.stack.host,
+            "GPUAAS_AGENT_SSH_BIND": self.host,
         }
-        with open(self.stack.logs_dir / f"agent-{name}.log", "ab") as logf:
+        with open(self.logs_dir / f"agent-{name}.log", "ab") as logf:
             self.procs[name] = subprocess.Popen(
-                [self.stack.config.python, "-m", "gpuaas.node_agent"],
+                [self.python, "-m", "gpuaas.node_agent"],
                 env=env,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
@@ -144,18 +151,16 @@ class LocalAgents:
 
     def supervise(self) -> list[str]:
         restarted = []
-        store = self.stack._secret_store().get("agents", {})
         for name, gpus in self.configured:
             p = self.procs.get(name)
-            if name in self.wanted and p is not None and p.poll() is not None and store.get(name):
+            token = self.credentials.agent_token(name)
+            if name in self.wanted and p is not None and p.poll() is not None and token:
                 log.warning("agent %s exited (code %s); restarting it", name, p.returncode)
-                self._spawn(name, gpus, store[name])
+                self._spawn(name, gpus, token)
                 restarted.append(f"agent-{name}")
         return restarted
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        from gpuaas.devstack.infra import signal_group, stop_process
-
         self.wanted.clear()
         live = [p for p in self.procs.values() if p.poll() is None]
         for p in live:
@@ -171,8 +176,8 @@ class LocalAgents:
         return {
             name: {
                 "pid": p.pid if p.poll() is None else None,
-                "state_dir": str(self.stack.root / "agents" / name),
-                "log": str(self.stack.logs_dir / f"agent-{name}.log"),
+                "state_dir": str(self.root / "agents" / name),
+                "log": str(self.logs_dir / f"agent-{name}.log"),
             }
             for name, p in self.procs.items()
         }

@@ -26,7 +26,8 @@ KAFKA_BINDING_VERSION = "0.4.0"
 EVERY_SERVICE = "*"
 
 
-def _version() -> str:
+def contracts_version() -> str:
+    """The version of the contracts package (the AsyncAPI document's and the baseline's)."""
     try:
         return metadata.version("gpuaas-contracts")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare source tree
@@ -101,7 +102,7 @@ def build_document() -> dict[str, Any]:
         "asyncapi": ASYNCAPI_VERSION,
         "info": {
             "title": "GPUaaS control-plane events",
-            "version": _version(),
+            "version": contracts_version(),
             "description": (
                 "Every Kafka topic of the GPUaaS suite. Messages are CloudEvents 1.0 envelopes in "
                 "structured JSON mode; `type` discriminates the event, `subject` (the aggregate id) is "

@@ -1,24 +1,13 @@
 """JSON Schemas of every event type and every topic, generated from the pydantic models.
 
-Why: the committed schemas under `libs/contracts/schemas/` are the contract as it was agreed;
-`gpuaas.contracts.compat` compares them with what the code generates now, so a change that
-would break a consumer fails a test instead of a deployment. Non-Python consumers (and the
-AsyncAPI document) read the same files.
-
 Schemas describe the wire format (pydantic "serialization" mode): Decimals are strings,
-datetimes and UUIDs are formatted strings. Layout, relative to the schema directory:
-
-    events/<topic>/<event type>.json   one self-contained schema per event type
-    topics/<topic>.json                the topic's union, discriminated on `type`
-    asyncapi.json                      the AsyncAPI 3.0 document of all topics
+datetimes and UUIDs are formatted strings. This module builds one document at a time and imports
+nothing of the contracts but the envelope and the registry; `gpuaas.contracts.asyncapi` builds on
+it, and `gpuaas.contracts.schema_files` assembles both into the committed file set.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-import json
-from pathlib import Path
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
@@ -82,46 +71,3 @@ def event_path(event: type[Event]) -> str:
 
 def topic_path(topic: Topic) -> str:
     return f"topics/{topic.name}.json"
-
-
-ASYNCAPI_PATH = "asyncapi.json"
-
-
-def generate() -> dict[str, dict[str, Any]]:
-    """Every schema document by its path relative to the schema directory (a fresh copy)."""
-    return copy.deepcopy(_generate())
-
-
-@functools.cache
-def _generate() -> dict[str, dict[str, Any]]:
-    # Models do not change at runtime, so the (slow-ish) generation runs once per process.
-    from gpuaas.contracts.asyncapi import build_document  # asyncapi imports this module
-
-    files: dict[str, dict[str, Any]] = {}
-    for topic in TOPICS.values():
-        files[topic_path(topic)] = topic_schema(topic)
-        for event in topic.events:
-            files[event_path(event)] = event_schema(event)
-    files[ASYNCAPI_PATH] = build_document()
-    return dict(sorted(files.items()))
-
-
-def dumps(document: dict[str, Any]) -> str:
-    """Deterministic text: sorted keys, two-space indent, trailing newline."""
-    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def load_dir(directory: Path) -> dict[str, dict[str, Any]]:
-    """The schema documents under `directory`, by relative POSIX path."""
-    if not directory.is_dir():
-        return {}
-    return {
-        p.relative_to(directory).as_posix(): json.loads(p.read_text(encoding="utf-8"))
-        for p in sorted(directory.rglob("*.json"))
-    }
-
-
-def default_schema_dir() -> Path | None:
-    """`libs/contracts/schemas` in a source checkout; None when running from an installed wheel."""
-    root = Path(__file__).resolve().parents[3]
-    return root / "schemas" if (root / "pyproject.toml").is_file() and (root / "src").is_dir() else None

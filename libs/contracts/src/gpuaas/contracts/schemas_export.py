@@ -1,22 +1,34 @@
-"""Write (or check) the committed event schemas and the AsyncAPI document.
+"""Write (or check) the committed event schemas and the AsyncAPI document; cut the release baseline.
 
-    uv run python -m gpuaas.contracts.schemas_export            # regenerate libs/contracts/schemas
-    uv run python -m gpuaas.contracts.schemas_export --check    # CI: fail if stale or breaking
+    uv run python -m gpuaas.contracts.schemas_export                 # regenerate libs/contracts/schemas
+    uv run python -m gpuaas.contracts.schemas_export --check         # CI: fail if stale or breaking
+    uv run python -m gpuaas.contracts.schemas_export --cut-baseline  # at a release: libs/contracts/baseline
 
-Before writing, the new schemas are compared with the ones on disk; a backward-incompatible
-change is refused (exit 2) unless `--allow-breaking` is given, which is only right when the
-change goes into a new topic version. Files that are no longer generated are removed.
+Before writing, the new schemas are compared with the ones on disk and with the release baseline
+(gpuaas.contracts.schema_files); a backward-incompatible change is refused (exit 2) unless
+`--allow-breaking` is given, which is only right when the change goes into a new topic version.
+Files that are no longer generated are removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from gpuaas.contracts.compat import breaking, compare_files, format_changes
-from gpuaas.contracts.schemas import default_schema_dir, dumps, generate, load_dir
+from gpuaas.contracts.compat import Change, breaking, compare_files, format_changes
+from gpuaas.contracts.schema_files import (
+    default_baseline_dir,
+    default_schema_dir,
+    dumps,
+    generate,
+    load_baseline,
+    load_dir,
+    write_baseline,
+)
 
 
 def stale_files(directory: Path, rendered: dict[str, str]) -> list[str]:
@@ -46,22 +58,56 @@ def write(directory: Path, rendered: dict[str, str]) -> list[str]:
     return touched
 
 
+def head_commit(directory: Path) -> str:
+    """The commit checked out where `directory` lives ("unknown" outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, check=False)
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def broken_since_baseline(directory: Path | None, documents: dict[str, dict[str, Any]]) -> list[Change]:
+    """The breaking changes between the release baseline under `directory` and `documents`."""
+    baseline = load_baseline(directory) if directory else None
+    if baseline is None:
+        return []
+    broken = breaking(compare_files(baseline.files, documents))
+    if broken:
+        print(
+            f"backward-incompatible since release {baseline.version} (commit {baseline.commit}):\n"
+            + format_changes(broken),
+            file=sys.stderr,
+        )
+    return broken
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuaas.contracts.schemas_export", description=__doc__)
     parser.add_argument("--out", type=Path, default=default_schema_dir(), help="schema directory")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale or breaking")
     parser.add_argument("--allow-breaking", action="store_true", help="write even a breaking change")
+    parser.add_argument("--baseline", type=Path, default=default_baseline_dir(), help="release baseline directory")
+    parser.add_argument(
+        "--cut-baseline", action="store_true", help="at a release: make the current schemas the baseline"
+    )
     args = parser.parse_args(argv)
     if args.out is None:
         parser.error("--out is required outside a source checkout")
     directory: Path = args.out
 
     documents = generate()
+    if args.cut_baseline:
+        if args.baseline is None:
+            parser.error("--baseline is required outside a source checkout")
+        cut = write_baseline(args.baseline, documents, head_commit(args.baseline.parent))
+        print(f"baseline of release {cut.version} (commit {cut.commit}): {len(cut.files)} file(s) in {args.baseline}")
+        return 0
     rendered = {path: dumps(doc) for path, doc in documents.items()}
     changes = compare_files(load_dir(directory), documents)
-    broken = breaking(changes)
     if changes:
         print(format_changes(changes), file=sys.stderr)
+    broken = breaking(changes) + broken_since_baseline(args.baseline, documents)
 
     if args.check:
         stale = stale_files(directory, rendered)

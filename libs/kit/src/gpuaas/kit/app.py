@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import MetaData, text
@@ -37,6 +37,8 @@ from gpuaas.kit.subscriptions import Subscriptions
 
 log = get_logger(__name__)
 Hook = Callable[["KitRuntime"], Awaitable[None]]
+StateT = TypeVar("StateT")
+SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
 
 
 @dataclass
@@ -70,14 +72,37 @@ class KitRuntime:
     consumer: EventConsumer | None = None
     broker_ready: bool = False
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
-    extras: dict[str, Any] = field(default_factory=dict)
+    # The service's own runtime objects (a typed dataclass set by an on_startup hook), read with state_as().
+    state: object | None = None
     # Set when the service shuts down: background loops wait on it instead of sleeping.
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def settings_as(self, cls: type[SettingsT]) -> SettingsT:
+        """The service's own settings class, typed: `kit.settings_as(Settings).closer_interval_s`."""
+        if not isinstance(self.settings, cls):
+            raise RuntimeError(f"{self.spec.name}: settings are {type(self.settings).__name__}, not {cls.__name__}")
+        return self.settings
+
+    def state_as(self, cls: type[StateT]) -> StateT:
+        """The service's runtime state, typed: `kit.state_as(AllocationsState).wakeups`."""
+        if not isinstance(self.state, cls):
+            raise RuntimeError(f"{self.spec.name}: runtime state is {type(self.state).__name__}, not {cls.__name__}")
+        return self.state
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
         self.tasks.append(task)
         return task
+
+
+def kit_of(request: Request) -> KitRuntime:
+    """The service's runtime (built by the lifespan) from a request: the one way routers reach it."""
+    kit: KitRuntime = request.app.state.kit
+    return kit
+
+
+# FastAPI dependency: `kit: Kit` in a router signature.
+Kit = Annotated[KitRuntime, Depends(kit_of)]
 
 
 def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:

@@ -112,6 +112,18 @@ class EventConsumer:
     def stop(self) -> None:
         self._stopping.set()
 
+    def _shutting_down(self) -> bool:
+        """A CancelledError is ours (stop() or the task cancelled) rather than aiokafka's own."""
+        task = asyncio.current_task()
+        return self._stopping.is_set() or (task is not None and task.cancelling() > 0)
+
+    async def _pause(self, seconds: float) -> None:
+        """Back off, but wake at once for stop()."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
     async def run(self) -> None:
         """Poll until stop(); any failure (broker, a wedged client, an aiokafka-internal cancellation, a bug)
         ends with a fresh consumer after a back-off: this task must never die while the service runs. The
@@ -123,17 +135,13 @@ class EventConsumer:
             try:
                 await self._run_clients()
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if self._stopping.is_set() or (task is not None and task.cancelling()):
+                if self._shutting_down():
                     raise
                 log.warning("consumer_task_cancelled_internally")
             except Exception:
                 log.exception("consumer_task_crashed")
             self._polling = False
-            try:
-                await asyncio.wait_for(self._stopping.wait(), 1.0)
-            except TimeoutError:
-                pass
+            await self._pause(1.0)
 
     async def _run_clients(self) -> None:
         topics = sorted(self.topic_prefix + t for t in self.subs.topics)
@@ -158,8 +166,7 @@ class EventConsumer:
                 backoff = 1.0  # joined: the next failure starts the back-off afresh
                 await self._loop()
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if self._stopping.is_set() or (task is not None and task.cancelling()):
+                if self._shutting_down():
                     raise
                 # aiokafka cancelled a future we were awaiting (its coordinator closing under us): not our
                 # shutdown, so rejoin instead of letting the task end silently with a stale assignment.
@@ -174,18 +181,14 @@ class EventConsumer:
                 try:
                     await bounded(self.consumer.stop(), 10)
                 except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if self._stopping.is_set() or (task is not None and task.cancelling()):
+                    if self._shutting_down():
                         raise
                     # aiokafka cancelled its own stop(): the old client is dropped either way.
                     log.warning("consumer_stop_cancelled_internally")
                 except Exception as exc:  # whatever the old client raises while closing, a new one follows
                     log.warning("consumer_stop_failed", error=f"{type(exc).__name__}: {exc}")
             self.metrics.consumer_restarts.inc()
-            try:  # back off, but wake at once for stop()
-                await asyncio.wait_for(self._stopping.wait(), backoff)
-            except TimeoutError:
-                pass
+            await self._pause(backoff)
             backoff = min(backoff * 2, 30.0)
 
     async def _loop(self) -> None:

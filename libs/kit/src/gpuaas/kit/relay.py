@@ -67,6 +67,7 @@ class OutboxRelay:
         self.retention = timedelta(hours=retention_hours)
         self.publish_timeout_s = publish_timeout_s
         self.topic_prefix = topic_prefix
+        self.kill_after_publish_rows = int(os.environ.get(FAULT_KILL_AFTER_PUBLISH) or 0)  # 0: no fault
         self.is_leader = False
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -169,7 +170,7 @@ class OutboxRelay:
                 )
             # acks=all: every record of the batch is durable on the broker before we mark it.
             await asyncio.wait_for(asyncio.gather(*futures), self.publish_timeout_s)
-            if len(rows) >= int(os.environ.get(FAULT_KILL_AFTER_PUBLISH) or 0) > 0:
+            if self.kill_after_publish_rows and len(rows) >= self.kill_after_publish_rows:
                 log.warning("fault_injection_kill_after_publish", rows=len(rows))
                 os.kill(os.getpid(), signal.SIGKILL)
             await session.execute(

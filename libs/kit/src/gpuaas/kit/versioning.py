@@ -2,17 +2,22 @@
 an `ETag` and a mutation may send `If-Match` with it. A mismatch is 412 `version_mismatch`, checked
 under the row lock of the use case, so of two writers that read the same version only one wins.
 
-    async def resize(..., if_match: IfMatch = None):
-        expected = expected_version(if_match)
-        ...  # in the use case, after SELECT ... FOR UPDATE:
-        check_version(row.version, expected)
+One way everywhere: the router takes `expected: ExpectedVersion` (the parsed If-Match, None when absent)
+and passes it to the use case as `expected_version=`; the use case calls `check_version` after its
+SELECT ... FOR UPDATE; the router answers the new version with `set_etag`.
+
+    @router.post("/things/{id}/resize")
+    async def resize(id: UUID, body: Resize, response: Response, expected: ExpectedVersion, ...):
+        state = await service.resize(session, principal, id, body, expected_version=expected)
+        set_etag(response, state.version)
+        return state
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Header, Response
+from fastapi import Depends, Header, Response
 
 from gpuaas.kit.errors import PreconditionFailed, Unprocessable
 
@@ -53,3 +58,11 @@ def etag(version: int) -> str:
 
 def set_etag(response: Response, version: int) -> None:
     response.headers["ETag"] = etag(version)
+
+
+def _expected_from_header(if_match: IfMatch = None) -> int | None:
+    return expected_version(if_match)
+
+
+# The If-Match of the request as the version it names (None: no precondition). The one dependency for it.
+ExpectedVersion = Annotated[int | None, Depends(_expected_from_header)]

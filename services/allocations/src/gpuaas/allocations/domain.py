@@ -8,34 +8,43 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuaas.contracts.enums import AllocationStatus as S
-from gpuaas.contracts.enums import CapacityShape
+from gpuaas.contracts.enums import AllocationStatus, CapacityShape
 from gpuaas.contracts.events.allocations import HostStatus
-from gpuaas.kit.errors import Conflict, Unprocessable
+from gpuaas.kit.problems import Conflict, Unprocessable
 
 # FROM -> allowed TO (ARCHITECTURE §6). `failed` and `released` are final.
-TRANSITIONS: dict[S, frozenset[S]] = {
-    S.requested: frozenset({S.provisioning, S.failed}),
-    S.provisioning: frozenset({S.active, S.failed}),
-    S.active: frozenset({S.restarting, S.resizing, S.releasing}),
-    S.restarting: frozenset({S.active, S.releasing}),
-    S.resizing: frozenset({S.active, S.releasing}),
-    S.releasing: frozenset({S.released, S.release_failed}),
-    S.release_failed: frozenset({S.releasing}),
-    S.released: frozenset(),
-    S.failed: frozenset(),
+TRANSITIONS: dict[AllocationStatus, frozenset[AllocationStatus]] = {
+    AllocationStatus.requested: frozenset({AllocationStatus.provisioning, AllocationStatus.failed}),
+    AllocationStatus.provisioning: frozenset({AllocationStatus.active, AllocationStatus.failed}),
+    AllocationStatus.active: frozenset(
+        {AllocationStatus.restarting, AllocationStatus.resizing, AllocationStatus.releasing}
+    ),
+    AllocationStatus.restarting: frozenset({AllocationStatus.active, AllocationStatus.releasing}),
+    AllocationStatus.resizing: frozenset({AllocationStatus.active, AllocationStatus.releasing}),
+    AllocationStatus.releasing: frozenset({AllocationStatus.released, AllocationStatus.release_failed}),
+    AllocationStatus.release_failed: frozenset({AllocationStatus.releasing}),
+    AllocationStatus.released: frozenset(),
+    AllocationStatus.failed: frozenset(),
 }
 
 # Statuses that hold GPUs on a host (and count against the project quota).
 HOLDS_CAPACITY = frozenset(
-    {S.requested, S.provisioning, S.active, S.restarting, S.resizing, S.releasing, S.release_failed}
+    {
+        AllocationStatus.requested,
+        AllocationStatus.provisioning,
+        AllocationStatus.active,
+        AllocationStatus.restarting,
+        AllocationStatus.resizing,
+        AllocationStatus.releasing,
+        AllocationStatus.release_failed,
+    }
 )
-TERMINAL = frozenset({S.released, S.failed})
+TERMINAL = frozenset({AllocationStatus.released, AllocationStatus.failed})
 
 
-def check_transition(current: str, target: S, *, action: str) -> None:
+def check_transition(current: str, target: AllocationStatus, *, action: str) -> None:
     """Refuse a transition the table does not allow, with a reason the caller can act on."""
-    frm = S(current)
+    frm = AllocationStatus(current)
     if target not in TRANSITIONS[frm]:
         raise Conflict(
             f"cannot {action} an allocation that is {frm.value}",

@@ -7,49 +7,32 @@
 
 from __future__ import annotations
 
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import service
-from gpuaas.allocations.models import app_members
-from gpuaas.contracts.events import app_runtime as ar
+from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.kit.subscriptions import Subscriptions
 
 subscriptions = Subscriptions()
 
 
-@subscriptions.on(ar.AccessGrantRequested, ar.AccessGrantUpdated)
-async def on_access_grant(session: AsyncSession, e: ar.AccessGrantRequested) -> None:
+@subscriptions.on(app_runtime_events.AccessGrantRequested, app_runtime_events.AccessGrantUpdated)
+async def on_access_grant(session: AsyncSession, e: app_runtime_events.AccessGrantRequested) -> None:
     await service.apply_access_grant(session, e.data, revoked=False, actor=e.actor)
 
 
-@subscriptions.on(ar.AccessGrantRevoked)
-async def on_access_grant_revoked(session: AsyncSession, e: ar.AccessGrantRevoked) -> None:
+@subscriptions.on(app_runtime_events.AccessGrantRevoked)
+async def on_access_grant_revoked(session: AsyncSession, e: app_runtime_events.AccessGrantRevoked) -> None:
     await service.apply_access_grant(session, e.data, revoked=True, actor=e.actor)
 
 
-@subscriptions.on(ar.MemberAdded, ar.MemberUpdated, ar.MemberTombstoned)
-async def on_member(session: AsyncSession, e: ar.MemberAdded) -> None:
-    d = e.data
-    values = {
-        "member_id": d.member_id,
-        "allocation_id": d.allocation_id,
-        "status": str(d.status),
-        "tombstoned": d.tombstoned or e.type == "member.tombstoned",
-        "version": d.version,
-    }
-    stmt = pg_insert(app_members).values(values)
-    await session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["member_id"],
-            set_={k: stmt.excluded[k] for k in values if k != "member_id"},
-            where=app_members.c.version <= stmt.excluded.version,
-        )
-    )
+@subscriptions.on(app_runtime_events.MemberAdded, app_runtime_events.MemberUpdated, app_runtime_events.MemberTombstoned)
+async def on_member(session: AsyncSession, e: app_runtime_events.MemberAdded) -> None:
+    await service.record_app_member(session, e.data, tombstoned=e.type == "member.tombstoned")
 
 
-@subscriptions.on(ar.ReleaseClearanceGranted)
-async def on_release_clearance(session: AsyncSession, e: ar.ReleaseClearanceGranted) -> None:
+@subscriptions.on(app_runtime_events.ReleaseClearanceGranted)
+async def on_release_clearance(session: AsyncSession, e: app_runtime_events.ReleaseClearanceGranted) -> None:
     d = e.data
     note = f"app-runtime stopped {len(d.stopped_member_ids)} member(s)" + (" (forced)" if d.forced else "")
     await service.clearance_granted(session, d.allocation_id, forced=d.forced, note=note)

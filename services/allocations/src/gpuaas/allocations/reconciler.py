@@ -6,17 +6,17 @@ Every pass is one short transaction per concern; rows are claimed with `FOR UPDA
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from gpuaas.allocations import service
+from gpuaas.allocations.settings import Settings
+from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.logging import get_logger
+from gpuaas.kit.loops import run_periodically
 
 log = get_logger(__name__)
 
 
-async def reconcile_once(kit: Any) -> None:
-    s = kit.settings
+async def reconcile_once(kit: KitRuntime) -> None:
+    s = kit.settings_as(Settings)
     async with kit.sessions() as session, session.begin():
         await service.mark_lost_hosts(session, timeout_s=s.agent_heartbeat_timeout_s)
     async with kit.sessions() as session, session.begin():
@@ -33,12 +33,7 @@ async def reconcile_once(kit: Any) -> None:
             )
 
 
-async def reconciler(kit: Any) -> None:
-    while True:
-        try:
-            await reconcile_once(kit)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("reconcile_failed")
-        await asyncio.sleep(kit.settings.reconcile_interval_s)
+async def reconciler(kit: KitRuntime) -> None:
+    await run_periodically(
+        kit, "reconcile", kit.settings_as(Settings).reconcile_interval_s, lambda: reconcile_once(kit)
+    )

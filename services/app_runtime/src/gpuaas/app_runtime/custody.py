@@ -77,7 +77,7 @@ class Sealed:
 class Custody(Protocol):
     async def seal(self, credential_id: uuid.UUID, private_key: str) -> Sealed: ...
 
-    async def open(self, credential_id: uuid.UUID, row: Any) -> str: ...
+    async def open(self, credential_id: uuid.UUID, sealed: Sealed) -> str: ...
 
 
 class SchemaCustody:
@@ -101,12 +101,14 @@ class SchemaCustody:
             kek_id=self.kek_id,
         )
 
-    async def open(self, credential_id: uuid.UUID, row: Any) -> str:
-        if row.kek_id != self.kek_id:
-            raise Unavailable(f"credential sealed with unknown key {row.kek_id}", code="credential_key_unavailable")
+    async def open(self, credential_id: uuid.UUID, sealed: Sealed) -> str:
+        if sealed.kek_id != self.kek_id:
+            raise Unavailable(f"credential sealed with unknown key {sealed.kek_id}", code="credential_key_unavailable")
+        # sealed by this custody (its key id): every part of the envelope is there
+        assert sealed.dek_nonce and sealed.wrapped_dek and sealed.nonce and sealed.ciphertext is not None
         aad = credential_id.bytes
-        dek = self._kek.decrypt(row.dek_nonce, row.wrapped_dek, aad)
-        return AESGCM(dek).decrypt(row.nonce, row.ciphertext, aad).decode()
+        dek = self._kek.decrypt(sealed.dek_nonce, sealed.wrapped_dek, aad)
+        return AESGCM(dek).decrypt(sealed.nonce, sealed.ciphertext, aad).decode()
 
 
 class VaultCustody:
@@ -132,11 +134,11 @@ class VaultCustody:
             raise Unavailable(f"vault write failed: {exc.__class__.__name__}", code="vault_unavailable") from None
         return Sealed(custody="vault", vault_path=path)
 
-    async def open(self, credential_id: uuid.UUID, row: Any) -> str:
+    async def open(self, credential_id: uuid.UUID, sealed: Sealed) -> str:
         try:
             answer = await asyncio.to_thread(
                 self._client.secrets.kv.v2.read_secret_version,
-                path=row.vault_path,
+                path=sealed.vault_path,
                 mount_point=self.mount,
                 raise_on_deleted_version=True,
             )

@@ -12,41 +12,84 @@ import jsonschema
 
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape, InstanceStatus
 from gpuaas.contracts.events.app_runtime import MemberStatus, OperationKind, OperationStatus
-from gpuaas.kit.errors import Conflict, Unprocessable
-
-IS = InstanceStatus
-OS = OperationStatus
-MS = MemberStatus
+from gpuaas.kit.problems import Conflict, Unprocessable
 
 INSTANCE_TRANSITIONS: dict[InstanceStatus, frozenset[InstanceStatus]] = {
-    IS.created: frozenset({IS.starting, IS.running, IS.degraded, IS.failed, IS.stopping, IS.decommissioning}),
-    IS.starting: frozenset({IS.running, IS.degraded, IS.failed, IS.stopping, IS.decommissioning}),
-    IS.running: frozenset({IS.degraded, IS.stopping, IS.failed, IS.decommissioning}),
-    IS.degraded: frozenset({IS.running, IS.stopping, IS.failed, IS.decommissioning}),
-    IS.stopping: frozenset({IS.stopped, IS.failed, IS.decommissioning}),
-    IS.stopped: frozenset({IS.starting, IS.decommissioning}),
-    IS.failed: frozenset({IS.starting, IS.running, IS.degraded, IS.decommissioning}),
-    IS.decommissioning: frozenset({IS.decommissioned, IS.decommission_failed}),
+    InstanceStatus.created: frozenset(
+        {
+            InstanceStatus.starting,
+            InstanceStatus.running,
+            InstanceStatus.degraded,
+            InstanceStatus.failed,
+            InstanceStatus.stopping,
+            InstanceStatus.decommissioning,
+        }
+    ),
+    InstanceStatus.starting: frozenset(
+        {
+            InstanceStatus.running,
+            InstanceStatus.degraded,
+            InstanceStatus.failed,
+            InstanceStatus.stopping,
+            InstanceStatus.decommissioning,
+        }
+    ),
+    InstanceStatus.running: frozenset(
+        {InstanceStatus.degraded, InstanceStatus.stopping, InstanceStatus.failed, InstanceStatus.decommissioning}
+    ),
+    InstanceStatus.degraded: frozenset(
+        {InstanceStatus.running, InstanceStatus.stopping, InstanceStatus.failed, InstanceStatus.decommissioning}
+    ),
+    InstanceStatus.stopping: frozenset({InstanceStatus.stopped, InstanceStatus.failed, InstanceStatus.decommissioning}),
+    InstanceStatus.stopped: frozenset({InstanceStatus.starting, InstanceStatus.decommissioning}),
+    InstanceStatus.failed: frozenset(
+        {InstanceStatus.starting, InstanceStatus.running, InstanceStatus.degraded, InstanceStatus.decommissioning}
+    ),
+    InstanceStatus.decommissioning: frozenset({InstanceStatus.decommissioned, InstanceStatus.decommission_failed}),
     # retry of the teardown, or the forced path (recorded as forced)
-    IS.decommission_failed: frozenset({IS.decommissioning, IS.decommissioned}),
-    IS.decommissioned: frozenset(),
+    InstanceStatus.decommission_failed: frozenset({InstanceStatus.decommissioning, InstanceStatus.decommissioned}),
+    InstanceStatus.decommissioned: frozenset(),
 }
 
 OPERATION_TRANSITIONS: dict[OperationStatus, frozenset[OperationStatus]] = {
-    OS.pending: frozenset({OS.claimed, OS.cancelled, OS.failed}),
-    OS.claimed: frozenset({OS.in_progress, OS.succeeded, OS.failed, OS.cancelled, OS.pending}),
-    OS.in_progress: frozenset({OS.in_progress, OS.succeeded, OS.failed, OS.cancelled, OS.pending}),
-    OS.succeeded: frozenset(),
-    OS.failed: frozenset({OS.pending}),  # operator retry
-    OS.cancelled: frozenset({OS.pending}),  # operator retry
+    OperationStatus.pending: frozenset({OperationStatus.claimed, OperationStatus.cancelled, OperationStatus.failed}),
+    OperationStatus.claimed: frozenset(
+        {
+            OperationStatus.in_progress,
+            OperationStatus.succeeded,
+            OperationStatus.failed,
+            OperationStatus.cancelled,
+            OperationStatus.pending,
+        }
+    ),
+    OperationStatus.in_progress: frozenset(
+        {
+            OperationStatus.in_progress,
+            OperationStatus.succeeded,
+            OperationStatus.failed,
+            OperationStatus.cancelled,
+            OperationStatus.pending,
+        }
+    ),
+    OperationStatus.succeeded: frozenset(),
+    OperationStatus.failed: frozenset({OperationStatus.pending}),  # operator retry
+    OperationStatus.cancelled: frozenset({OperationStatus.pending}),  # operator retry
 }
 
-TERMINAL_OPS = frozenset({OS.succeeded, OS.failed, OS.cancelled})
-OPEN_OPS = frozenset({OS.pending, OS.claimed, OS.in_progress})
+TERMINAL_OPS = frozenset({OperationStatus.succeeded, OperationStatus.failed, OperationStatus.cancelled})
+OPEN_OPS = frozenset({OperationStatus.pending, OperationStatus.claimed, OperationStatus.in_progress})
 # Instance states in which members and operations are driven by the controller and status is derived.
-LIVE_INSTANCE = frozenset({IS.created, IS.starting, IS.running, IS.degraded, IS.failed})
+LIVE_INSTANCE = frozenset(
+    {
+        InstanceStatus.created,
+        InstanceStatus.starting,
+        InstanceStatus.running,
+        InstanceStatus.degraded,
+        InstanceStatus.failed,
+    }
+)
 # A member in one of these still has something on its allocation.
-MEMBER_GONE = frozenset({MS.removed, MS.stopped})
+MEMBER_GONE = frozenset({MemberStatus.removed, MemberStatus.stopped})
 # Operations that need a target member; add creates one.
 NEEDS_MEMBER = frozenset({OperationKind.drain, OperationKind.remove, OperationKind.replace, OperationKind.recover})
 
@@ -171,16 +214,16 @@ def derive_instance_status(current: str, member_statuses: Sequence[str]) -> Inst
     status = InstanceStatus(current)
     if status not in LIVE_INSTANCE:
         return status
-    if any(s == MS.failed for s in member_statuses):
-        return IS.degraded
-    if member_statuses and all(s == MS.active for s in member_statuses):
-        return IS.running
-    if any(s in (MS.starting, MS.pending) for s in member_statuses):
-        return IS.starting if status in (IS.created, IS.starting) else status
-    if status == IS.failed:
+    if any(s == MemberStatus.failed for s in member_statuses):
+        return InstanceStatus.degraded
+    if member_statuses and all(s == MemberStatus.active for s in member_statuses):
+        return InstanceStatus.running
+    if any(s in (MemberStatus.starting, MemberStatus.pending) for s in member_statuses):
+        return InstanceStatus.starting if status in (InstanceStatus.created, InstanceStatus.starting) else status
+    if status == InstanceStatus.failed:
         return status
     # Every member gone or draining: still degraded relative to what was deployed.
-    return IS.degraded if status in (IS.running, IS.degraded) else status
+    return InstanceStatus.degraded if status in (InstanceStatus.running, InstanceStatus.degraded) else status
 
 
 def version_key(version: str) -> tuple[tuple[int, int | str], ...]:

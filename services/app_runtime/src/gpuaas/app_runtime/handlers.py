@@ -14,13 +14,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import service
 from gpuaas.app_runtime.models import allocations, entitlements, manifests
-from gpuaas.contracts.events import allocations as alloc_ev
-from gpuaas.contracts.events import catalog as cat_ev
+from gpuaas.contracts.events import allocations as allocations_events
+from gpuaas.contracts.events import catalog as catalog_events
 from gpuaas.kit.subscriptions import Subscriptions
 
 subscriptions = Subscriptions()
 
-ALLOCATION_EVENTS = tuple(e for e in alloc_ev.EVENTS if e.payload_model() is alloc_ev.AllocationState)
+ALLOCATION_EVENTS = tuple(
+    e for e in allocations_events.EVENTS if e.payload_model() is allocations_events.AllocationState
+)
 
 
 async def _upsert(session: AsyncSession, table: Any, key: str, counter: str, values: dict[str, Any]) -> bool:
@@ -35,68 +37,68 @@ async def _upsert(session: AsyncSession, table: Any, key: str, counter: str, val
 
 @subscriptions.on(*ALLOCATION_EVENTS)
 async def allocation_changed(session: AsyncSession, event: Any) -> None:
-    d: alloc_ev.AllocationState = event.data
+    state: allocations_events.AllocationState = event.data
     applied = await _upsert(
         session,
         allocations,
         "allocation_id",
         "version",
         {
-            "allocation_id": d.allocation_id,
-            "tenant_id": d.tenant_id,
-            "project_id": d.project_id,
-            "status": str(d.status),
-            "shape": str(d.shape),
-            "gpu_model": d.gpu_model,
-            "gpu_count": d.gpu_count,
-            "host_id": d.host_id,
-            "version": d.version,
-            "state": d.model_dump(mode="json"),
+            "allocation_id": state.allocation_id,
+            "tenant_id": state.tenant_id,
+            "project_id": state.project_id,
+            "status": str(state.status),
+            "shape": str(state.shape),
+            "gpu_model": state.gpu_model,
+            "gpu_count": state.gpu_count,
+            "host_id": state.host_id,
+            "version": state.version,
+            "state": state.model_dump(mode="json"),
             "updated_at": event.time,
         },
     )
-    if applied and event.type == alloc_ev.AllocationReleaseRequested.event_type():
-        await service.allocation_release_requested(session, d.allocation_id, d.tenant_id, d.project_id)
+    if applied and event.type == allocations_events.AllocationReleaseRequested.event_type():
+        await service.allocation_release_requested(session, state.allocation_id, state.tenant_id, state.project_id)
 
 
-@subscriptions.on(cat_ev.AppRegistered, cat_ev.AppUpdated, cat_ev.AppDeprecated)
+@subscriptions.on(catalog_events.AppRegistered, catalog_events.AppUpdated, catalog_events.AppDeprecated)
 async def manifest_changed(session: AsyncSession, event: Any) -> None:
-    d: cat_ev.AppManifestState = event.data
-    deprecated = d.deprecated or event.type == cat_ev.AppDeprecated.event_type()
+    manifest: catalog_events.AppManifestState = event.data
+    deprecated = manifest.deprecated or event.type == catalog_events.AppDeprecated.event_type()
     await _upsert(
         session,
         manifests,
         "manifest_id",
         "revision",
         {
-            "manifest_id": d.manifest_id,
-            "slug": d.slug,
-            "app_version": d.version,
-            "active": d.active,
+            "manifest_id": manifest.manifest_id,
+            "slug": manifest.slug,
+            "app_version": manifest.version,
+            "active": manifest.active,
             "deprecated": deprecated,
-            "artifact_ref": d.artifact_ref,
-            "revision": d.revision,
-            "state": d.model_dump(mode="json"),
+            "artifact_ref": manifest.artifact_ref,
+            "revision": manifest.revision,
+            "state": manifest.model_dump(mode="json"),
             "updated_at": event.time,
         },
     )
 
 
-@subscriptions.on(cat_ev.EntitlementGranted, cat_ev.EntitlementRevoked)
+@subscriptions.on(catalog_events.EntitlementGranted, catalog_events.EntitlementRevoked)
 async def entitlement_changed(session: AsyncSession, event: Any) -> None:
-    d: cat_ev.EntitlementState = event.data
-    status = "revoked" if event.type == cat_ev.EntitlementRevoked.event_type() else d.status
+    entitlement: catalog_events.EntitlementState = event.data
+    status = "revoked" if event.type == catalog_events.EntitlementRevoked.event_type() else entitlement.status
     await _upsert(
         session,
         entitlements,
         "entitlement_id",
         "version",
         {
-            "entitlement_id": d.entitlement_id,
-            "tenant_id": d.tenant_id,
-            "app_slug": d.app_slug,
+            "entitlement_id": entitlement.entitlement_id,
+            "tenant_id": entitlement.tenant_id,
+            "app_slug": entitlement.app_slug,
             "status": status,
-            "version": d.version,
+            "version": entitlement.version,
             "updated_at": event.time,
         },
     )

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from gpuaas.billing import api
+from gpuaas.billing import SERVICE, api
 from gpuaas.billing.handlers import subscriptions
 from gpuaas.billing.models import metadata
 from gpuaas.billing.settings import Settings
@@ -12,9 +12,9 @@ from gpuaas.kit.app import ServiceSpec
 from gpuaas.kit.app import create_app as kit_create_app
 
 SPEC = ServiceSpec(
-    name="billing",
+    name=SERVICE,
     settings_cls=Settings,
-    routers=[api.router],
+    routers=api.routers,
     subscriptions=subscriptions,
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,

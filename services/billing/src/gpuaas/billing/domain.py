@@ -39,6 +39,12 @@ def month_start(t: datetime) -> datetime:
     return t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
+def month_of(period: str) -> datetime:
+    """The start of a "YYYY-MM" billing period; ValueError for one that is no calendar month (e.g. 0000-01)."""
+    year, month = period.split("-")
+    return datetime(int(year), int(month), 1, tzinfo=UTC)
+
+
 def next_month(t: datetime) -> datetime:
     s = month_start(t)
     return s.replace(year=s.year + 1, month=1) if s.month == 12 else s.replace(month=s.month + 1)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuaas.billing import rating
-from gpuaas.contracts.events import usage as us
+from gpuaas.billing.service import rating
+from gpuaas.contracts.events import usage as usage_events
 from gpuaas.kit.subscriptions import Subscriptions
 
 subscriptions = Subscriptions()
-subscriptions.on_batch(us.UsageRecorded, us.AppUsageRecorded)(rating.receive_usage)
+subscriptions.on_batch(usage_events.UsageRecorded, usage_events.AppUsageRecorded)(rating.receive_usage)

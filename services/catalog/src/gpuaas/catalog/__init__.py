@@ -1,1 +1,3 @@
 """gpuaas.catalog: App manifests, artifact trust and promotion, entitlements."""
+
+SERVICE = "catalog"

@@ -13,18 +13,16 @@ from jsonschema.exceptions import SchemaError
 
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.catalog import AppArtifactKind, ArtifactKind, ArtifactLifecycle
-from gpuaas.kit.errors import Conflict, Problem, Unprocessable
-
-L = ArtifactLifecycle
+from gpuaas.kit.problems import Conflict, Problem, Unprocessable
 
 # FROM -> allowed TO. canary -> staged is the rollback.
 TRANSITIONS: dict[ArtifactLifecycle, frozenset[ArtifactLifecycle]] = {
-    L.draft: frozenset({L.staged}),
-    L.staged: frozenset({L.canary}),
-    L.canary: frozenset({L.active, L.staged}),
-    L.active: frozenset({L.deprecated}),
-    L.deprecated: frozenset({L.retired}),
-    L.retired: frozenset(),
+    ArtifactLifecycle.draft: frozenset({ArtifactLifecycle.staged}),
+    ArtifactLifecycle.staged: frozenset({ArtifactLifecycle.canary}),
+    ArtifactLifecycle.canary: frozenset({ArtifactLifecycle.active, ArtifactLifecycle.staged}),
+    ArtifactLifecycle.active: frozenset({ArtifactLifecycle.deprecated}),
+    ArtifactLifecycle.deprecated: frozenset({ArtifactLifecycle.retired}),
+    ArtifactLifecycle.retired: frozenset(),
 }
 
 RECORDABLE_CHECKS = ("lint", "smoke")
@@ -269,7 +267,7 @@ def check_transition(
             f"an artifact cannot move {current.value} → {target.value}; from {current.value}: {allowed}",
             code="transition_not_allowed",
         )
-    if target is L.staged and current is L.draft:
+    if target is ArtifactLifecycle.staged and current is ArtifactLifecycle.draft:
         latest = latest_checks(checks)
         missing = [n for n in STAGING_CHECKS if not (latest.get(n) or {}).get("passed")]
         if missing:
@@ -278,9 +276,9 @@ def check_transition(
                 code="artifact_checks_missing",
                 missing=missing,
             )
-    if target is L.canary and not canary_tenants:
+    if target is ArtifactLifecycle.canary and not canary_tenants:
         raise Conflict("a canary needs at least one tenant to expose it to", code="canary_tenants_required")
-    if target is L.retired and instances_using:
+    if target is ArtifactLifecycle.retired and instances_using:
         raise Conflict(
             f"{instances_using} app instance(s) still use this digest; retire is refused until none does",
             code="artifact_in_use",
@@ -340,9 +338,11 @@ def offered_to(manifest: dict[str, Any], artifact: dict[str, Any], tenant_id: An
     """None when the manifest may be used by a new instance of this tenant, else the reason code."""
     if manifest["deprecated"]:
         return "manifest_deprecated"
-    if manifest["active"] and artifact["state"] == L.active.value:
+    if manifest["active"] and artifact["state"] == ArtifactLifecycle.active.value:
         return None
-    if artifact["state"] == L.canary.value and str(tenant_id) in {str(t) for t in artifact["canary_tenants"]}:
+    if artifact["state"] == ArtifactLifecycle.canary.value and str(tenant_id) in {
+        str(t) for t in artifact["canary_tenants"]
+    }:
         return None
     return "manifest_not_active"
 

@@ -10,24 +10,24 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.catalog.models import instance_digests
-from gpuaas.contracts.events import app_runtime as ar
+from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.kit.subscriptions import Subscriptions
 
 subscriptions = Subscriptions()
 
-INSTANCE_EVENTS = tuple(e for e in ar.EVENTS if e.event_type().startswith("instance."))
+INSTANCE_EVENTS = tuple(e for e in app_runtime_events.EVENTS if e.event_type().startswith("instance."))
 
 
 @subscriptions.on(*INSTANCE_EVENTS)
-async def project_instance_digest(session: AsyncSession, event: ar.InstanceCreated) -> None:
-    d = event.data
+async def project_instance_digest(session: AsyncSession, event: app_runtime_events.InstanceCreated) -> None:
+    data = event.data
     values = {
-        "instance_id": d.instance_id,
-        "tenant_id": d.tenant_id,
-        "manifest_id": d.manifest_id,
-        "artifact_digest": d.artifact_digest,
-        "status": str(d.status),
-        "source_version": d.version,
+        "instance_id": data.instance_id,
+        "tenant_id": data.tenant_id,
+        "manifest_id": data.manifest_id,
+        "artifact_digest": data.artifact_digest,
+        "status": str(data.status),
+        "source_version": data.version,
         "updated_at": event.time,
     }
     stmt = pg_insert(instance_digests).values(values)

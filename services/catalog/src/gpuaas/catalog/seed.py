@@ -14,13 +14,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaas.catalog import service
 from gpuaas.catalog.models import artifacts, entitlements, manifests
-from gpuaas.catalog.oci import RegistryClient
+from gpuaas.catalog.oci import RegistryClient, TrustError
+from gpuaas.catalog.service.common import trust_problem
 from gpuaas.contracts.events.catalog import ArtifactKind, ArtifactLifecycle
+from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
 
 PLACEHOLDER = "Seed placeholder artifact: the image holds only this README and installs nothing."
@@ -152,6 +155,11 @@ SEED_APPS: list[dict[str, Any]] = [
 _PATH = [ArtifactLifecycle.staged, ArtifactLifecycle.canary, ArtifactLifecycle.active]
 
 
+class SeededApp(BaseModel):
+    artifact_ref: str
+    manifest_id: str
+
+
 async def seed_catalog(
     sessions: async_sessionmaker[AsyncSession],
     client: RegistryClient,
@@ -159,93 +167,108 @@ async def seed_catalog(
     *,
     registry: str,
     tenant_ids: list[uuid.UUID],
-) -> dict[str, Any]:
+) -> dict[str, SeededApp]:
     """Push, register, verify, promote, activate and entitle the seed apps (idempotent).
 
-    `principal` must be a platform operator; `tenant_ids` get the canary exposure and the entitlements.
-    Returns {slug: {"artifact_ref", "manifest_id"}}.
-    """
-    out: dict[str, Any] = {}
-    for app in SEED_APPS:
-        m = dict(app["manifest"])
-        ref = await client.push_image(
-            registry,
-            app["repository"],
-            {"README.md": _readme(m["slug"], app["installs"])},
-            tag=m["version"],
-            labels={
-                "org.opencontainers.image.description": PLACEHOLDER,
-                "org.opencontainers.image.version": m["version"],
-            },
-        )
-        m["artifact_ref"] = ref.ref
-        if m.get("runtime_profile") is not None:
-            m["runtime_profile"] = {"image": ref.ref, **m["runtime_profile"]}
-        async with sessions() as session:
-            row = (await session.execute(select(artifacts).where(artifacts.c.ref == ref.ref))).first()
-        if row is None:
-            verified = await client.verify(ref)
+    `principal` must be allowed to register apps (a platform operator); `tenant_ids` get the canary
+    exposure and the entitlements. A registry failure is the request's problem (TrustError's status)."""
+    async with sessions() as session:
+        await iam.authorize(session, principal, "catalog.app.register")
+    seeded: dict[str, SeededApp] = {}
+    try:
+        for app in SEED_APPS:
+            seeded[app["manifest"]["slug"]] = await _seed_app(sessions, client, principal, app, registry, tenant_ids)
+    except TrustError as exc:
+        raise trust_problem(exc) from None
+    return seeded
+
+
+async def _seed_app(
+    sessions: async_sessionmaker[AsyncSession],
+    client: RegistryClient,
+    principal: Principal,
+    app: dict[str, Any],
+    registry: str,
+    tenant_ids: list[uuid.UUID],
+) -> SeededApp:
+    m = dict(app["manifest"])
+    ref = await client.push_image(
+        registry,
+        app["repository"],
+        {"README.md": _readme(m["slug"], app["installs"])},
+        tag=m["version"],
+        labels={
+            "org.opencontainers.image.description": PLACEHOLDER,
+            "org.opencontainers.image.version": m["version"],
+        },
+    )
+    m["artifact_ref"] = ref.ref
+    if m.get("runtime_profile") is not None:
+        m["runtime_profile"] = {"image": ref.ref, **m["runtime_profile"]}
+    async with sessions() as session:
+        row = (await session.execute(select(artifacts).where(artifacts.c.ref == ref.ref))).first()
+    if row is None:
+        verified = await client.verify(ref)
+        async with sessions() as session, session.begin():
+            artifact = await service.register_artifact(
+                session, principal, kind=ArtifactKind.oci, verified=verified, signature=None
+            )
+        artifact_id, state = artifact.artifact_id, ArtifactLifecycle.draft
+    else:
+        artifact_id, state = row.artifact_id, ArtifactLifecycle(row.state)
+    if state is ArtifactLifecycle.draft:
+        for name in ("lint", "smoke"):
             async with sessions() as session, session.begin():
-                view = await service.register_artifact(
-                    session, principal, kind=ArtifactKind.oci, verified=verified, signature=None
-                )
-            artifact_id, state = view["artifact_id"], ArtifactLifecycle.draft
-        else:
-            artifact_id, state = row.artifact_id, ArtifactLifecycle(row.state)
-        if state is ArtifactLifecycle.draft:
-            for name in ("lint", "smoke"):
-                async with sessions() as session, session.begin():
-                    await service.record_check(
-                        session,
-                        principal,
-                        artifact_id,
-                        name=name,
-                        passed=True,
-                        detail=f"seed: {name} of a placeholder artifact (content verified; nothing to run)",
-                    )
-        for target in _PATH:
-            if state in (ArtifactLifecycle.deprecated, ArtifactLifecycle.retired):
-                break  # an operator has moved it on since: leave it
-            if _PATH.index(target) <= (_PATH.index(state) if state in _PATH else -1):
-                continue
-            verified = await client.verify(ref)
-            async with sessions() as session, session.begin():
-                await service.transition_artifact(
+                await service.record_check(
                     session,
                     principal,
                     artifact_id,
-                    target=target,
-                    reason="seed",
-                    canary_tenants=tenant_ids,
-                    expected_version=None,
-                    reverified=verified,
+                    name=name,
+                    passed=True,
+                    detail=f"seed: {name} of a placeholder artifact (content verified; nothing to run)",
                 )
-            state = target
+    for target in _PATH:
+        if state in (ArtifactLifecycle.deprecated, ArtifactLifecycle.retired):
+            break  # an operator has moved it on since: leave it
+        if _PATH.index(target) <= (_PATH.index(state) if state in _PATH else -1):
+            continue
+        verified = await client.verify(ref)
+        async with sessions() as session, session.begin():
+            await service.transition_artifact(
+                session,
+                principal,
+                artifact_id,
+                target=target,
+                reason="seed",
+                canary_tenants=tenant_ids,
+                expected_version=None,
+                reverified=verified,
+            )
+        state = target
+    async with sessions() as session:
+        existing = (
+            await session.execute(
+                select(manifests.c.manifest_id).where(
+                    manifests.c.slug == m["slug"], manifests.c.version == m["version"]
+                )
+            )
+        ).first()
+    if existing is None:
+        async with sessions() as session, session.begin():
+            manifest = await service.register_manifest(session, principal, {**m, "active": True})
+        manifest_id = manifest.manifest_id
+    else:
+        manifest_id = existing[0]
+    for tenant_id in tenant_ids:
         async with sessions() as session:
-            existing = (
+            granted = (
                 await session.execute(
-                    select(manifests.c.manifest_id).where(
-                        manifests.c.slug == m["slug"], manifests.c.version == m["version"]
+                    select(entitlements.c.status).where(
+                        entitlements.c.tenant_id == tenant_id, entitlements.c.app_slug == m["slug"]
                     )
                 )
             ).first()
-        if existing is None:
+        if granted is None or granted.status != "granted":
             async with sessions() as session, session.begin():
-                view = await service.register_manifest(session, principal, {**m, "active": True})
-            manifest_id = view["manifest_id"]
-        else:
-            manifest_id = existing[0]
-        for tenant_id in tenant_ids:
-            async with sessions() as session:
-                granted = (
-                    await session.execute(
-                        select(entitlements.c.status).where(
-                            entitlements.c.tenant_id == tenant_id, entitlements.c.app_slug == m["slug"]
-                        )
-                    )
-                ).first()
-            if granted is None or granted.status != "granted":
-                async with sessions() as session, session.begin():
-                    await service.grant_entitlement(session, principal, tenant_id=tenant_id, app_slug=m["slug"])
-        out[m["slug"]] = {"artifact_ref": ref.ref, "manifest_id": str(manifest_id)}
-    return out
+                await service.grant_entitlement(session, principal, tenant_id=tenant_id, app_slug=m["slug"])
+    return SeededApp(artifact_ref=ref.ref, manifest_id=str(manifest_id))

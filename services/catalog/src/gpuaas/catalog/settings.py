@@ -1,12 +1,13 @@
 """Settings of the catalog service (env prefix `GPUAAS_CATALOG_`)."""
 
+from gpuaas.catalog import SERVICE
 from gpuaas.kit.settings import ServiceSettings, service_config
 
 
 class Settings(ServiceSettings):
-    model_config = service_config("catalog")
+    model_config = service_config(SERVICE)
 
-    service_name: str = "catalog"
+    service_name: str = SERVICE
     port: int = 8003
 
     # Registries reached over plain HTTP (loopback dev/test registries); everything else is HTTPS.

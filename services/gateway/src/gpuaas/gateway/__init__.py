@@ -4,3 +4,5 @@
 at the edge, correlation id, per-principal rate limit, aggregated OpenAPI at `/openapi.json` and
 `/docs`, and `/healthz`, `/readyz`, `/metrics`. Run with `python -m gpuaas.gateway serve`.
 """
+
+SERVICE = "gateway"

@@ -5,7 +5,8 @@ connection pool and the JWKS cache; nothing is built at import time.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
@@ -17,8 +18,9 @@ from fastapi import FastAPI
 from gpuaas.gateway import console, ops, proxy, websocket
 from gpuaas.gateway.docs import OpenAPIAggregator
 from gpuaas.gateway.ratelimit import TokenBucketLimiter
-from gpuaas.gateway.runtime import GatewayMetrics, GatewayRuntime, upstream_table
+from gpuaas.gateway.runtime import GatewayMetrics, GatewayRuntime
 from gpuaas.gateway.settings import Settings
+from gpuaas.gateway.upstreams import upstream_table
 from gpuaas.kit.auth import JWKSCache, TokenVerifier
 from gpuaas.kit.errors import install_error_handlers
 from gpuaas.kit.http import BodyLimitMiddleware, CorrelationMiddleware
@@ -28,7 +30,8 @@ log = get_logger(__name__)
 VERSION = "0.1.0"
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, clock: Callable[[], float] = time.monotonic) -> FastAPI:
+    """The gateway app. `clock` (monotonic seconds) drives the rate limiter's buckets: tests pass a fake one."""
     settings = settings or Settings()
     metrics = GatewayMetrics()
 
@@ -61,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 settings.rate_limit_per_s,
                 settings.rate_limit_burst,
                 prune_interval_s=settings.rate_limit_prune_interval_s,
+                clock=clock,
             ),
             docs=OpenAPIAggregator(
                 client,

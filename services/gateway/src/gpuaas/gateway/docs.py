@@ -18,8 +18,7 @@ from typing import Any
 
 import httpx
 
-from gpuaas.gateway.edge import is_public
-from gpuaas.gateway.runtime import Upstream
+from gpuaas.gateway.upstreams import Upstream, is_public
 from gpuaas.kit.logging import get_logger
 
 log = get_logger(__name__)

@@ -13,7 +13,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from gpuaas.gateway.runtime import GatewayRuntime, Upstream
+from gpuaas.gateway.runtime import GatewayRuntime
+from gpuaas.gateway.upstreams import Upstream, is_public, segments
 from gpuaas.kit import context
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Problem, TooManyRequests, Unauthorized, Unavailable, problem_response
@@ -21,8 +22,6 @@ from gpuaas.kit.logging import get_logger
 
 log = get_logger(__name__)
 
-PUBLIC_IDENTITY_PREFIXES = frozenset({"auth", "oauth", ".well-known", "oidc"})
-HEALTH_LEAVES = frozenset({"healthz", "readyz"})
 # Browsers cannot set headers on EventSource/WebSocket: these may carry ?access_token=.
 QUERY_TOKEN_LEAVES = frozenset({"stream", "events", "terminal"})
 
@@ -61,21 +60,10 @@ class Admission:
     query_token: str | None  # the token came as ?access_token= (forwarded upstream as a header instead)
 
 
-def segments(path: str) -> list[str]:
-    return [p for p in path.split("/") if p]
-
-
 def check_path(path: str) -> None:
     """Dot segments could make the public-path check and the upstream disagree: refuse them."""
     if any(p in (".", "..") for p in path.split("/")):
         raise BadPath("Paths with '.' or '..' segments are not accepted.")
-
-
-def is_public(upstream: Upstream, rest: str) -> bool:
-    parts = segments(rest)
-    if parts and parts[-1] in HEALTH_LEAVES:
-        return True
-    return upstream.name == "identity" and bool(parts) and parts[0] in PUBLIC_IDENTITY_PREFIXES
 
 
 def find_token(headers: Mapping[str, str], query: Mapping[str, str], rest: str) -> tuple[str | None, bool]:

@@ -14,7 +14,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuaas.gateway import console
-from gpuaas.gateway.runtime import GatewayRuntime, Upstream, runtime
+from gpuaas.gateway.runtime import Gateway, GatewayRuntime
+from gpuaas.gateway.upstreams import Upstream
 
 router = APIRouter(include_in_schema=False)
 
@@ -39,10 +40,10 @@ INDEX = """<!doctype html>
 
 
 @router.get("/")
-async def index(request: Request) -> Response:
+async def index(request: Request, rt: Gateway) -> Response:
     if (page := console.index_response(request)) is not None:
         return page
-    services = ", ".join(f"<code>/api/{html.escape(s)}/</code>" for s in runtime(request).upstreams)
+    services = ", ".join(f"<code>/api/{html.escape(s)}/</code>" for s in rt.upstreams)
     return HTMLResponse(INDEX.format(services=services))
 
 
@@ -52,8 +53,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(request: Request) -> JSONResponse:
-    rt = runtime(request)
+async def readyz(rt: Gateway) -> JSONResponse:
     names = list(rt.upstreams.values())
     results = await asyncio.gather(*(_probe(rt, u) for u in names))
     upstreams = {u.segment: r for u, r in zip(names, results, strict=True)}
@@ -72,13 +72,13 @@ async def _probe(rt: GatewayRuntime, upstream: Upstream) -> dict[str, Any]:
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
-    return Response(generate_latest(runtime(request).metrics.service.registry), media_type=CONTENT_TYPE_LATEST)
+async def metrics(rt: Gateway) -> Response:
+    return Response(generate_latest(rt.metrics.service.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/openapi.json")
-async def openapi(request: Request) -> JSONResponse:
-    return JSONResponse(await runtime(request).docs.document())
+async def openapi(rt: Gateway) -> JSONResponse:
+    return JSONResponse(await rt.docs.document())
 
 
 @router.get("/docs")

@@ -25,10 +25,10 @@ from gpuaas.gateway.edge import (
     downstream_response_headers,
     log_fields,
     render_problem,
-    segments,
     upstream_request_headers,
 )
-from gpuaas.gateway.runtime import GatewayRuntime, Upstream, runtime
+from gpuaas.gateway.runtime import Gateway, GatewayRuntime
+from gpuaas.gateway.upstreams import Upstream, segments
 from gpuaas.kit.errors import NotFound, Problem
 from gpuaas.kit.logging import get_logger
 
@@ -102,8 +102,7 @@ async def _request_body(request: Request) -> AsyncIterator[bytes]:
 
 
 @router.api_route("/api/{service}/{path:path}", methods=METHODS, include_in_schema=False)
-async def proxy_http(request: Request, service: str, path: str) -> Response:
-    rt = runtime(request)
+async def proxy_http(request: Request, rt: Gateway, service: str, path: str) -> Response:
     instance = request.url.path
     upstream = rt.upstreams.get(service)
     if upstream is None:

@@ -6,45 +6,25 @@ the rate limiter, the OpenAPI aggregator and the metrics. Built in the lifespan,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Annotated
 
 import httpx
+from fastapi import Depends
 from prometheus_client import Counter, Gauge
 from starlette.requests import HTTPConnection
 
+from gpuaas.gateway import SERVICE
+from gpuaas.gateway.docs import OpenAPIAggregator
+from gpuaas.gateway.ratelimit import TokenBucketLimiter
+from gpuaas.gateway.settings import Settings
+from gpuaas.gateway.upstreams import Upstream
 from gpuaas.kit.auth import TokenVerifier
 from gpuaas.kit.metrics import ServiceMetrics
-
-if TYPE_CHECKING:
-    from gpuaas.gateway.docs import OpenAPIAggregator
-    from gpuaas.gateway.ratelimit import TokenBucketLimiter
-    from gpuaas.gateway.settings import Settings
-
-
-@dataclass(frozen=True)
-class Upstream:
-    name: str  # settings key, e.g. "app_runtime"
-    base_url: str  # no trailing slash
-
-    @property
-    def segment(self) -> str:
-        """The public path segment: /api/<segment>/..."""
-        return self.name.replace("_", "-")
-
-    @property
-    def ws_base_url(self) -> str:
-        return "ws" + self.base_url.removeprefix("http")
-
-
-def upstream_table(upstreams: dict[str, str]) -> dict[str, Upstream]:
-    """Upstreams keyed by public path segment."""
-    table = [Upstream(name, url) for name, url in upstreams.items()]
-    return {u.segment: u for u in table}
 
 
 class GatewayMetrics:
     def __init__(self) -> None:
-        self.service = ServiceMetrics("gateway")
+        self.service = ServiceMetrics(SERVICE)
         r = self.service.registry
         self.upstream_requests = Counter(
             "gpuaas_gateway_upstream_requests_total",
@@ -75,4 +55,10 @@ class GatewayRuntime:
 
 
 def runtime(conn: HTTPConnection) -> GatewayRuntime:
-    return conn.app.state.gateway  # type: ignore[no-any-return]
+    """The gateway's runtime (built by the lifespan) from a request or WebSocket."""
+    rt: GatewayRuntime = conn.app.state.gateway
+    return rt
+
+
+# FastAPI dependency: `rt: Gateway` in a route's signature (as services write `kit: Kit`).
+Gateway = Annotated[GatewayRuntime, Depends(runtime)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
+from gpuaas.gateway import SERVICE
 from gpuaas.kit.settings import ServiceSettings, service_config
 
 DEFAULT_UPSTREAMS = {
@@ -20,9 +21,9 @@ DEFAULT_UPSTREAMS = {
 
 
 class Settings(ServiceSettings):
-    model_config = service_config("gateway")
+    model_config = service_config(SERVICE)
 
-    service_name: str = "gateway"
+    service_name: str = SERVICE
     port: int = 8000
 
     # Service name -> base URL. `GPUAAS_GATEWAY_UPSTREAMS` is JSON and replaces the whole map.

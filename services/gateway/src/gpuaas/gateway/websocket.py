@@ -22,7 +22,7 @@ from websockets.typing import Subprotocol
 
 from gpuaas.gateway.edge import admit, log_fields, render_problem, upstream_request_headers
 from gpuaas.gateway.proxy import UpstreamTimeout, UpstreamUnavailable, unknown_service, upstream_url
-from gpuaas.gateway.runtime import runtime
+from gpuaas.gateway.runtime import Gateway
 from gpuaas.kit.errors import Problem
 from gpuaas.kit.logging import get_logger
 
@@ -53,8 +53,7 @@ def _sendable(code: int | None, *, lost: int) -> int:
 
 
 @router.websocket("/api/{service}/{path:path}")
-async def proxy_websocket(websocket: WebSocket, service: str, path: str) -> None:
-    rt = runtime(websocket)
+async def proxy_websocket(websocket: WebSocket, rt: Gateway, service: str, path: str) -> None:
     instance = websocket.url.path
     upstream = rt.upstreams.get(service)
     if upstream is None:

@@ -4,9 +4,13 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from gpuaas.identity import api, keys, service
+from gpuaas.identity import SERVICE, keys
+from gpuaas.identity.api import routers
 from gpuaas.identity.handlers import subscriptions
+from gpuaas.identity.idp import IdpMetadata
 from gpuaas.identity.models import metadata
+from gpuaas.identity.runtime import IdentityRuntime
+from gpuaas.identity.service import users
 from gpuaas.identity.settings import Settings
 from gpuaas.kit.app import KitRuntime, ServiceSpec
 from gpuaas.kit.app import create_app as kit_create_app
@@ -16,12 +20,14 @@ log = get_logger(__name__)
 
 
 async def _bootstrap(kit: KitRuntime) -> None:
-    """Make sure a signing key exists and the first operator is there (idempotent, race-safe)."""
-    settings: Settings = kit.settings  # type: ignore[assignment]
+    """Build the runtime state; make sure a signing key exists and the first operator is there
+    (idempotent, race-safe)."""
+    settings = kit.settings_as(Settings)
+    kit.state = IdentityRuntime(idp_metadata=IdpMetadata(settings.idp_timeout_s))
     async with kit.sessions() as session, session.begin():
         await keys.ensure_signing_key(session)
         if settings.bootstrap_admin_email and settings.bootstrap_admin_password:
-            created = await service.bootstrap_admin(
+            created = await users.bootstrap_admin(
                 session, settings.bootstrap_admin_email, settings.bootstrap_admin_password.get_secret_value()
             )
             if created:
@@ -29,9 +35,9 @@ async def _bootstrap(kit: KitRuntime) -> None:
 
 
 SPEC = ServiceSpec(
-    name="identity",
+    name=SERVICE,
     settings_cls=Settings,
-    routers=[api.router],
+    routers=routers,
     subscriptions=subscriptions,
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,

@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
-from gpuaas.contracts.events import allocations as al
-from gpuaas.contracts.events import app_runtime as ar
+from gpuaas.contracts.events import allocations as allocation_events
+from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.kit.subscriptions import Subscriptions
 from gpuaas.metering import service
 
 subscriptions = Subscriptions()
 
-subscriptions.on(*service.ALLOCATION_EVENTS)(service.apply_allocation)
-subscriptions.on(al.HostEnrolled, al.HostUpdated, al.HostCordoned, al.HostHeartbeatLost)(service.apply_host)
 subscriptions.on(
-    ar.InstanceCreated,
-    ar.InstanceStarting,
-    ar.InstanceRunning,
-    ar.InstanceDegraded,
-    ar.InstanceStopping,
-    ar.InstanceStopped,
-    ar.InstanceDecommissioning,
-    ar.InstanceDecommissioned,
-    ar.InstanceDecommissionFailed,
-    ar.InstanceFailed,
+    allocation_events.AllocationActivated,
+    allocation_events.AllocationRestarting,
+    allocation_events.AllocationRestarted,
+    allocation_events.AllocationRestartFailed,
+    allocation_events.AllocationResizing,
+    allocation_events.AllocationResized,
+    allocation_events.AllocationResizeFailed,
+    allocation_events.AllocationReleaseRequested,
+    allocation_events.AllocationReleased,
+    allocation_events.AllocationReleaseFailed,
+    allocation_events.AllocationFailed,
+)(service.apply_allocation)
+subscriptions.on(
+    allocation_events.HostEnrolled,
+    allocation_events.HostUpdated,
+    allocation_events.HostCordoned,
+    allocation_events.HostHeartbeatLost,
+)(service.apply_host)
+subscriptions.on(
+    app_runtime_events.InstanceCreated,
+    app_runtime_events.InstanceStarting,
+    app_runtime_events.InstanceRunning,
+    app_runtime_events.InstanceDegraded,
+    app_runtime_events.InstanceStopping,
+    app_runtime_events.InstanceStopped,
+    app_runtime_events.InstanceDecommissioning,
+    app_runtime_events.InstanceDecommissioned,
+    app_runtime_events.InstanceDecommissionFailed,
+    app_runtime_events.InstanceFailed,
 )(service.apply_instance)

@@ -1,12 +1,13 @@
 """Settings of the metering service (env prefix `GPUAAS_METERING_`)."""
 
 from gpuaas.kit.settings import ServiceSettings, service_config
+from gpuaas.metering import SERVICE
 
 
 class Settings(ServiceSettings):
-    model_config = service_config("metering")
+    model_config = service_config(SERVICE)
 
-    service_name: str = "metering"
+    service_name: str = SERVICE
     port: int = 8005
 
     # Window closer: how often it looks for due meters, and how many it claims per transaction.

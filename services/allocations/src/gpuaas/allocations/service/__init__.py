@@ -1,6 +1,6 @@
 """Allocations use cases. Each runs in the caller's ONE transaction: state + outbox events + audit.
 
-The caller (api.py, handlers.py, the reconciler) owns the transaction; nothing here commits or
+The caller (the api/ routers, handlers.py, the reconciler) owns the transaction; nothing here commits or
 talks to the network. Agent work is queued as rows of `agent_tasks` in the same transaction as the
 state change that needs it, so a crash never leaves a state without its task or a task without
 its state.
@@ -13,7 +13,11 @@ One module per area; this package re-exports the use cases, so callers write `se
 - `agent_tasks`: the agents' task queue and the outcome of each task kind
 - `placement`: free capacity and GPU reservation · `quotas`: project GPU quotas
 - `lifecycle`: create, list, restart, resize, release · `timeline`: reading the timeline
-- `access`: SSH keys and grants, authorized keys, terminal access · `volumes`: storage
+- `access`: SSH keys and grants, authorized keys, the terminal's CA and access · `volumes`: storage
+
+Reads answer contract states (`AllocationState`, `HostState`, `VolumeState`, `SshGrantState`) or the
+view models of `gpuaas.allocations.views`; a change of an allocation answers an `AllocationChange`
+(the body, the allocation's new version and the host whose agent has work).
 """
 
 from gpuaas.allocations.service.access import (
@@ -26,13 +30,14 @@ from gpuaas.allocations.service.access import (
     grant_state,
     list_grants,
     list_ssh_keys,
+    open_terminal,
     revoke_grant,
-    ssh_key_allowed_for_terminal,
     sync_keys,
+    terminal_ca_private_key,
 )
 from gpuaas.allocations.service.agent_tasks import claim_tasks, complete_task, report_progress, requeue_expired_tasks
-from gpuaas.allocations.service.agents import heartbeat, host_by_token, mark_lost_hosts, register_agent
-from gpuaas.allocations.service.common import SERVICE, SYSTEM, alloc_state, load_allocation, now
+from gpuaas.allocations.service.agents import agent_host_id, heartbeat, mark_lost_hosts, register_agent
+from gpuaas.allocations.service.common import SYSTEM, alloc_state, now
 from gpuaas.allocations.service.hosts import (
     cordon_host,
     enrol_host,
@@ -46,36 +51,38 @@ from gpuaas.allocations.service.hosts import (
 )
 from gpuaas.allocations.service.lifecycle import (
     LIVE_MEMBER,
+    allocation_views,
     clearance_granted,
     create_allocation,
     enqueue_release,
+    get_allocation,
     list_allocations,
     live_app_members,
     overdue_clearances,
+    record_app_member,
     release_allocation,
     resize_allocation,
     restart_allocation,
 )
 from gpuaas.allocations.service.quotas import get_quota, set_quota
-from gpuaas.allocations.service.timeline import timeline_entries
+from gpuaas.allocations.service.timeline import read_timeline, timeline_entries
 from gpuaas.allocations.service.volumes import (
     attach_volume,
     create_volume,
     delete_volume,
     detach_volume,
+    get_volume,
     list_volumes,
-    load_volume,
-    volume_state,
-    volume_summaries,
 )
 
 __all__ = [
     "LIVE_MEMBER",
-    "SERVICE",
     "SYNCABLE",
     "SYSTEM",
     "add_ssh_key",
+    "agent_host_id",
     "alloc_state",
+    "allocation_views",
     "apply_access_grant",
     "attach_volume",
     "authorized_keys",
@@ -92,12 +99,13 @@ __all__ = [
     "enqueue_release",
     "enrol_host",
     "enrol_host_unchecked",
+    "get_allocation",
     "get_host",
     "get_quota",
+    "get_volume",
     "grant_state",
     "hash_token",
     "heartbeat",
-    "host_by_token",
     "host_state",
     "list_allocations",
     "list_grants",
@@ -105,11 +113,12 @@ __all__ = [
     "list_ssh_keys",
     "list_volumes",
     "live_app_members",
-    "load_allocation",
-    "load_volume",
     "mark_lost_hosts",
     "now",
+    "open_terminal",
     "overdue_clearances",
+    "read_timeline",
+    "record_app_member",
     "register_agent",
     "release_allocation",
     "report_progress",
@@ -119,10 +128,8 @@ __all__ = [
     "revoke_grant",
     "rotate_node_token",
     "set_quota",
-    "ssh_key_allowed_for_terminal",
     "sync_keys",
+    "terminal_ca_private_key",
     "timeline_entries",
     "uncordon_host",
-    "volume_state",
-    "volume_summaries",
 ]

@@ -7,19 +7,20 @@ import uuid
 from typing import Any
 
 from sqlalchemy import and_, delete, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaas.allocations import domain
-from gpuaas.allocations.models import allocations, ssh_grants, ssh_keys
-from gpuaas.allocations.service.common import SERVICE, _enqueue, _timeline, load_allocation, now
+from gpuaas.allocations import SERVICE, domain
+from gpuaas.allocations.models import allocations, platform_keys, ssh_grants, ssh_keys
+from gpuaas.allocations.service.common import _enqueue, _timeline, load_allocation, now
+from gpuaas.allocations.views import AllocationChange, SshKey, TerminalTarget
 from gpuaas.contracts import Actor, new_event_id
-from gpuaas.contracts.enums import AllocationStatus as S
-from gpuaas.contracts.enums import MembershipScope
-from gpuaas.contracts.events import allocations as ev
+from gpuaas.contracts.enums import AllocationStatus, MembershipScope
+from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.contracts.events.allocations import SshGrantState
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Unprocessable
+from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Problem, Unprocessable
 from gpuaas.kit.outbox import add_event
 from gpuaas.kit.tables import iam_memberships
 from gpuaas.kit.versioning import check_version
@@ -54,7 +55,7 @@ async def authorized_keys(session: AsyncSession, alloc: Any) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-async def add_ssh_key(session: AsyncSession, principal: Principal, *, name: str, public_key: str) -> Any:
+async def add_ssh_key(session: AsyncSession, principal: Principal, *, name: str, public_key: str) -> SshKey:
     if principal.is_service_account:
         raise Forbidden("personal SSH keys belong to users", code="users_only")
     line, fp = domain.parse_public_key(public_key)
@@ -83,17 +84,14 @@ async def add_ssh_key(session: AsyncSession, principal: Principal, *, name: str,
         after={"name": name, "fingerprint": fp},
     )
     await _sync_owner_allocations(session, principal.subject)
-    return row
+    return SshKey.model_validate(row, from_attributes=True)
 
 
-async def list_ssh_keys(session: AsyncSession, principal: Principal) -> list[Any]:
-    return list(
-        (
-            await session.execute(
-                select(ssh_keys).where(ssh_keys.c.user_id == principal.subject).order_by(ssh_keys.c.created_at)
-            )
-        ).all()
+async def list_ssh_keys(session: AsyncSession, principal: Principal) -> list[SshKey]:
+    rows = await session.execute(
+        select(ssh_keys).where(ssh_keys.c.user_id == principal.subject).order_by(ssh_keys.c.created_at)
     )
+    return [SshKey.model_validate(r, from_attributes=True) for r in rows]
 
 
 async def delete_ssh_key(session: AsyncSession, principal: Principal, key_id: uuid.UUID) -> None:
@@ -118,7 +116,12 @@ async def delete_ssh_key(session: AsyncSession, principal: Principal, key_id: uu
     await _sync_owner_allocations(session, principal.subject)
 
 
-SYNCABLE = (S.provisioning, S.active, S.restarting, S.resizing)
+SYNCABLE = (
+    AllocationStatus.provisioning,
+    AllocationStatus.active,
+    AllocationStatus.restarting,
+    AllocationStatus.resizing,
+)
 
 
 async def _sync_owner_allocations(session: AsyncSession, user_id: uuid.UUID) -> None:
@@ -179,7 +182,7 @@ async def create_grant(
     user_id: uuid.UUID,
     public_key: str,
     expected_version: int | None = None,
-) -> Any:
+) -> AllocationChange[SshGrantState]:
     """The allocation's owner or a project admin gives another project member SSH access with the
     member's own public key. `expected_version` is the allocation's (grants do not change it)."""
     alloc = await load_allocation(session, principal, alloc_id, "allocations.read", lock=True)
@@ -222,7 +225,7 @@ async def create_grant(
         )
     ).one()
     state = grant_state(row)
-    await add_event(session, ev.SshGrantCreated.build(data=state, source=SERVICE, actor=principal.actor))
+    await add_event(session, allocation_events.SshGrantCreated.build(data=state, source=SERVICE, actor=principal.actor))
     await audit.record(
         session,
         service=SERVICE,
@@ -236,18 +239,15 @@ async def create_grant(
     )
     await _timeline(session, alloc_id, "access", "info", f"SSH access granted to user {user_id} ({fp})")
     await sync_keys(session, alloc)
-    return row
+    return AllocationChange(body=state, version=alloc.version, host_id=alloc.host_id)
 
 
-async def list_grants(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> list[Any]:
+async def list_grants(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> list[SshGrantState]:
     await load_allocation(session, principal, alloc_id, "allocations.read")
-    return list(
-        (
-            await session.execute(
-                select(ssh_grants).where(ssh_grants.c.allocation_id == alloc_id).order_by(ssh_grants.c.created_at)
-            )
-        ).all()
+    rows = await session.execute(
+        select(ssh_grants).where(ssh_grants.c.allocation_id == alloc_id).order_by(ssh_grants.c.created_at)
     )
+    return [grant_state(r) for r in rows]
 
 
 async def revoke_grant(
@@ -257,7 +257,7 @@ async def revoke_grant(
     grant_id: uuid.UUID,
     *,
     expected_version: int | None = None,
-) -> Any:
+) -> AllocationChange[SshGrantState]:
     """Revoke a user's grant (the grantee may revoke their own); `expected_version` is the allocation's."""
     alloc = await load_allocation(session, principal, alloc_id, "allocations.read", lock=True)
     grant = (
@@ -275,7 +275,7 @@ async def revoke_grant(
     if grant.origin != "user":
         raise Conflict("this key belongs to an app instance; app-runtime revokes it", code="ssh_grant_managed")
     if grant.status == "revoked":
-        return grant
+        return AllocationChange(body=grant_state(grant), version=alloc.version, host_id=alloc.host_id)
     row = await _revoke_grant_row(session, grant, principal.actor)
     await audit.record(
         session,
@@ -290,7 +290,7 @@ async def revoke_grant(
         after={"status": "revoked"},
     )
     await sync_keys(session, alloc)
-    return row
+    return AllocationChange(body=grant_state(row), version=alloc.version, host_id=alloc.host_id)
 
 
 async def _revoke_grant_row(session: AsyncSession, grant: Any, actor: Actor) -> Any:
@@ -302,7 +302,9 @@ async def _revoke_grant_row(session: AsyncSession, grant: Any, actor: Actor) -> 
             .returning(*ssh_grants.c)
         )
     ).one()
-    await add_event(session, ev.SshGrantRevoked.build(data=grant_state(row), source=SERVICE, actor=actor))
+    await add_event(
+        session, allocation_events.SshGrantRevoked.build(data=grant_state(row), source=SERVICE, actor=actor)
+    )
     await _timeline(session, grant.allocation_id, "access", "info", f"SSH access revoked ({grant.fingerprint})")
     return row
 
@@ -369,7 +371,9 @@ async def apply_access_grant(session: AsyncSession, grant: Any, *, revoked: bool
                     .returning(*ssh_grants.c)
                 )
             ).one()
-        await add_event(session, ev.SshGrantCreated.build(data=grant_state(row), source=SERVICE, actor=actor))
+        await add_event(
+            session, allocation_events.SshGrantCreated.build(data=grant_state(row), source=SERVICE, actor=actor)
+        )
         await audit.record(
             session,
             service=SERVICE,
@@ -403,7 +407,40 @@ async def apply_access_grant(session: AsyncSession, grant: Any, *, revoked: bool
         await sync_keys(session, alloc)
 
 
-async def ssh_key_allowed_for_terminal(session: AsyncSession, principal: Principal, alloc: Any) -> None:
+TERMINAL_CA = "terminal-ssh-ca"
+
+
+async def terminal_ca_private_key(session: AsyncSession, new_private_key: str, new_public_key: str) -> str:
+    """The platform's terminal CA (one key shared by every replica): the first replica's key wins."""
+    await session.execute(
+        pg_insert(platform_keys)
+        .values(name=TERMINAL_CA, private_key=new_private_key, public_key=new_public_key)
+        .on_conflict_do_nothing()
+    )
+    row = (await session.execute(select(platform_keys.c.private_key).where(platform_keys.c.name == TERMINAL_CA))).one()
+    return str(row.private_key)
+
+
+async def open_terminal(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> TerminalTarget:
+    """Who may open the browser terminal of an active allocation, and where its SSH endpoint is (audited)."""
+    alloc = await load_allocation(session, principal, alloc_id, "allocations.read")
+    await _terminal_allowed(session, principal, alloc)
+    if alloc.status != AllocationStatus.active or not alloc.ssh_host:
+        raise Problem(f"the allocation is {alloc.status}", status=409, code="allocation_not_active")
+    await audit.record(
+        session,
+        service=SERVICE,
+        actor=principal,
+        action="allocations.terminal.open",
+        resource_type="allocation",
+        resource_id=alloc_id,
+        tenant_id=alloc.tenant_id,
+        project_id=alloc.project_id,
+    )
+    return TerminalTarget(host=alloc.ssh_host, port=alloc.ssh_port, username=alloc.ssh_username)
+
+
+async def _terminal_allowed(session: AsyncSession, principal: Principal, alloc: Any) -> None:
     """The terminal is SSH access: the owner, an active grantee, or a project admin."""
     if alloc.owner_user_id == principal.subject:
         return

@@ -10,17 +10,20 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuaas.allocations import SERVICE
 from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments
-from gpuaas.allocations.service.common import SERVICE, SYSTEM, _free_capacity, _timeline, _transition, alloc_state, now
-from gpuaas.allocations.service.hosts import get_host
+from gpuaas.allocations.service.agents import host_by_token
+from gpuaas.allocations.service.common import SYSTEM, _free_capacity, _timeline, _transition, alloc_state, now
+from gpuaas.allocations.service.hosts import load_host
 from gpuaas.allocations.service.volumes import _detach_all
-from gpuaas.contracts.enums import AllocationStatus as S
-from gpuaas.contracts.events import allocations as ev
+from gpuaas.allocations.views import Task
+from gpuaas.contracts.enums import AllocationStatus
+from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.kit.errors import NotFound
 from gpuaas.kit.outbox import add_event
 
 
-async def claim_tasks(session: AsyncSession, host_id: uuid.UUID, *, lease_s: float, limit: int = 20) -> list[Any]:
+async def claim_tasks(session: AsyncSession, host_id: uuid.UUID, *, lease_s: float, limit: int = 20) -> list[Task]:
     """Lease the host's next pending tasks, in the order they were queued."""
     pick = (
         select(agent_tasks.c.task_id)
@@ -40,7 +43,7 @@ async def claim_tasks(session: AsyncSession, host_id: uuid.UUID, *, lease_s: flo
         )
         .returning(*agent_tasks.c)
     )
-    return sorted(rows.all(), key=lambda r: r.seq)
+    return [Task.model_validate(r, from_attributes=True) for r in sorted(rows.all(), key=lambda r: r.seq)]
 
 
 async def requeue_expired_tasks(session: AsyncSession) -> int:
@@ -67,7 +70,7 @@ async def _task_for_host(session: AsyncSession, host_id: uuid.UUID, task_id: uui
 
 async def report_progress(
     session: AsyncSession,
-    host_id: uuid.UUID,
+    token: str | None,
     task_id: uuid.UUID,
     *,
     phase: str,
@@ -77,7 +80,8 @@ async def report_progress(
     finished_at: datetime | None,
     lease_s: float,
 ) -> None:
-    task = await _task_for_host(session, host_id, task_id)
+    host = await host_by_token(session, token)
+    task = await _task_for_host(session, host.host_id, task_id)
     if task.status in ("succeeded", "failed"):
         return
     await session.execute(
@@ -99,10 +103,11 @@ async def report_progress(
 
 
 async def complete_task(
-    session: AsyncSession, host_id: uuid.UUID, task_id: uuid.UUID, *, ok: bool, message: str, result: dict[str, Any]
+    session: AsyncSession, token: str | None, task_id: uuid.UUID, *, ok: bool, message: str, result: dict[str, Any]
 ) -> bool:
     """Apply a task's outcome once; a repeated report (agent retry, journal replay) is a no-op."""
-    task = await _task_for_host(session, host_id, task_id)
+    host = await host_by_token(session, token)
+    task = await _task_for_host(session, host.host_id, task_id)
     if task.status in ("succeeded", "failed"):
         return False
     await session.execute(
@@ -144,45 +149,56 @@ async def complete_task(
 async def _on_provision(
     session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
 ) -> None:
-    if alloc.status != S.provisioning:
+    if alloc.status != AllocationStatus.provisioning:
         return
     if ok:
-        host = await get_host(session, alloc.host_id)
+        host = await load_host(session, alloc.host_id)
         t = now()
         row = await _transition(
             session,
             alloc,
-            S.active,
+            AllocationStatus.active,
             activated_at=t,
             ssh_host=result.get("ssh_host") or host.ssh_host,
             ssh_port=result.get("ssh_port") or host.ssh_port,
             failure_reason=None,
         )
-        await add_event(session, ev.AllocationActivated.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+        await add_event(
+            session, allocation_events.AllocationActivated.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
+        )
     else:
         await _free_capacity(session, alloc.allocation_id)
         await _detach_all(session, alloc.allocation_id, deleting=False)
-        row = await _transition(session, alloc, S.failed, failure_reason=message or "provisioning failed")
-        await add_event(session, ev.AllocationFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+        row = await _transition(
+            session, alloc, AllocationStatus.failed, failure_reason=message or "provisioning failed"
+        )
+        await add_event(
+            session, allocation_events.AllocationFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
+        )
 
 
 async def _on_restart(
     session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
 ) -> None:
-    if alloc.status != S.restarting:
+    if alloc.status != AllocationStatus.restarting:
         return
     if ok:
-        row = await _transition(session, alloc, S.active, failure_reason=None)
-        await add_event(session, ev.AllocationRestarted.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+        row = await _transition(session, alloc, AllocationStatus.active, failure_reason=None)
+        await add_event(
+            session, allocation_events.AllocationRestarted.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
+        )
     else:
-        row = await _transition(session, alloc, S.active, failure_reason=f"restart failed: {message}")
-        await add_event(session, ev.AllocationRestartFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+        row = await _transition(session, alloc, AllocationStatus.active, failure_reason=f"restart failed: {message}")
+        await add_event(
+            session,
+            allocation_events.AllocationRestartFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM),
+        )
 
 
 async def _on_resize(
     session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
 ) -> None:
-    if alloc.status != S.resizing:
+    if alloc.status != AllocationStatus.resizing:
         return
     target = list(alloc.target_gpu_indices or [])
     keep = target if ok else list(alloc.gpu_indices)
@@ -195,30 +211,34 @@ async def _on_resize(
         row = await _transition(
             session,
             alloc,
-            S.active,
+            AllocationStatus.active,
             gpu_count=len(target),
             gpu_indices=target,
             target_gpu_count=None,
             target_gpu_indices=None,
             failure_reason=None,
         )
-        await add_event(session, ev.AllocationResized.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+        await add_event(
+            session, allocation_events.AllocationResized.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
+        )
     else:
         row = await _transition(
             session,
             alloc,
-            S.active,
+            AllocationStatus.active,
             target_gpu_count=None,
             target_gpu_indices=None,
             failure_reason=f"resize failed: {message}",
         )
-        await add_event(session, ev.AllocationResizeFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+        await add_event(
+            session, allocation_events.AllocationResizeFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
+        )
 
 
 async def _on_release(
     session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
 ) -> None:
-    if alloc.status != S.releasing:
+    if alloc.status != AllocationStatus.releasing:
         return
     if ok:
         await _free_capacity(session, alloc.allocation_id)
@@ -226,16 +246,23 @@ async def _on_release(
         row = await _transition(
             session,
             alloc,
-            S.released,
+            AllocationStatus.released,
             released_at=now(),
             failure_reason=None,
             target_gpu_count=None,
             target_gpu_indices=None,
         )
-        await add_event(session, ev.AllocationReleased.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+        await add_event(
+            session, allocation_events.AllocationReleased.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
+        )
     else:
-        row = await _transition(session, alloc, S.release_failed, failure_reason=message or "release failed")
-        await add_event(session, ev.AllocationReleaseFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM))
+        row = await _transition(
+            session, alloc, AllocationStatus.release_failed, failure_reason=message or "release failed"
+        )
+        await add_event(
+            session,
+            allocation_events.AllocationReleaseFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM),
+        )
 
 
 _OUTCOMES = {"provision": _on_provision, "restart": _on_restart, "resize": _on_resize, "release": _on_release}

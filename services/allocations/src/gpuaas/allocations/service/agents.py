@@ -10,11 +10,12 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuaas.allocations import SERVICE
 from gpuaas.allocations.models import agent_tasks, allocations, hosts
-from gpuaas.allocations.service.common import SERVICE, SYSTEM, _timeline, _update_alloc, alloc_state, now
+from gpuaas.allocations.service.common import SYSTEM, _timeline, _update_alloc, alloc_state, now
 from gpuaas.allocations.service.hosts import _update_host, hash_token, host_state
-from gpuaas.contracts.enums import AllocationStatus as S
-from gpuaas.contracts.events import allocations as ev
+from gpuaas.contracts.enums import AllocationStatus
+from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.contracts.events.allocations import GpuDevice, HostState, HostStatus
 from gpuaas.kit import audit
 from gpuaas.kit.errors import Unauthorized
@@ -29,6 +30,12 @@ async def host_by_token(session: AsyncSession, token: str | None, *, lock: bool 
     if row is None or row.status == HostStatus.decommissioned:
         raise Unauthorized("unknown or revoked node token", code="invalid_node_token")
     return row
+
+
+async def agent_host_id(session: AsyncSession, token: str | None) -> uuid.UUID:
+    """The host whose agent presents this node token (401 if none)."""
+    host_id: uuid.UUID = (await host_by_token(session, token)).host_id
+    return host_id
 
 
 async def register_agent(
@@ -68,7 +75,7 @@ async def register_agent(
         .values(status="pending", lease_token=None, lease_expires_at=None)
     )
     state = host_state(row)
-    await add_event(session, ev.HostUpdated.build(data=state, source=SERVICE, actor=SYSTEM))
+    await add_event(session, allocation_events.HostUpdated.build(data=state, source=SERVICE, actor=SYSTEM))
     await audit.record(
         session,
         service=SERVICE,
@@ -84,7 +91,7 @@ async def register_agent(
     return state
 
 
-async def heartbeat(session: AsyncSession, token: str | None) -> Any:
+async def heartbeat(session: AsyncSession, token: str | None) -> HostState:
     host = await host_by_token(session, token, lock=True)
     if host.status == HostStatus.unreachable:
         row = await _update_host(
@@ -94,7 +101,9 @@ async def heartbeat(session: AsyncSession, token: str | None) -> Any:
             status_before_unreachable=None,
             last_heartbeat_at=now(),
         )
-        await add_event(session, ev.HostUpdated.build(data=host_state(row), source=SERVICE, actor=SYSTEM))
+        await add_event(
+            session, allocation_events.HostUpdated.build(data=host_state(row), source=SERVICE, actor=SYSTEM)
+        )
         await audit.record(
             session,
             service=SERVICE,
@@ -106,9 +115,9 @@ async def heartbeat(session: AsyncSession, token: str | None) -> Any:
             after={"status": row.status},
         )
         await _set_attention_for_host(session, host.host_id, None)
-        return row
+        return host_state(row)
     await session.execute(update(hosts).where(hosts.c.host_id == host.host_id).values(last_heartbeat_at=now()))
-    return host
+    return host_state(host)
 
 
 async def mark_lost_hosts(session: AsyncSession, *, timeout_s: float) -> list[uuid.UUID]:
@@ -129,7 +138,9 @@ async def mark_lost_hosts(session: AsyncSession, *, timeout_s: float) -> list[uu
         row = await _update_host(
             session, host.host_id, status=HostStatus.unreachable, status_before_unreachable=host.status
         )
-        await add_event(session, ev.HostHeartbeatLost.build(data=host_state(row), source=SERVICE, actor=SYSTEM))
+        await add_event(
+            session, allocation_events.HostHeartbeatLost.build(data=host_state(row), source=SERVICE, actor=SYSTEM)
+        )
         await audit.record(
             session,
             service=SERVICE,
@@ -152,13 +163,17 @@ async def mark_lost_hosts(session: AsyncSession, *, timeout_s: float) -> list[uu
 async def _set_attention_for_host(session: AsyncSession, host_id: uuid.UUID, attention: str | None) -> None:
     rows = await session.execute(
         select(allocations.c.allocation_id)
-        .where(allocations.c.host_id == host_id, allocations.c.status.notin_([S.released, S.failed]))
+        .where(
+            allocations.c.host_id == host_id,
+            allocations.c.status.notin_([AllocationStatus.released, AllocationStatus.failed]),
+        )
         .with_for_update()
     )
     for (alloc_id,) in rows:
         row = await _update_alloc(session, alloc_id, attention=attention)
         await add_event(
-            session, ev.AllocationAttentionChanged.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
+            session,
+            allocation_events.AllocationAttentionChanged.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM),
         )
         await _timeline(
             session,

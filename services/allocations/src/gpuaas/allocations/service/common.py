@@ -10,18 +10,17 @@ from typing import Any
 from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaas.allocations import domain
+from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments, timeline, volume_attachments
 from gpuaas.contracts import Actor, new_event_id
-from gpuaas.contracts.enums import AllocationStatus as S
+from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events.allocations import AllocationState, SshEndpoint
 from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import NotFound
 from gpuaas.kit.versioning import check_version
 
-SERVICE = "allocations"
-SYSTEM = Actor.system("allocations")
+SYSTEM = Actor.system(SERVICE)
 
 
 def now() -> datetime:
@@ -31,7 +30,7 @@ def now() -> datetime:
 def alloc_state(row: Any) -> AllocationState:
     endpoint = (
         SshEndpoint(host=row.ssh_host, port=row.ssh_port, username=row.ssh_username)
-        if row.ssh_host and row.ssh_port and row.status not in (S.released, S.failed)
+        if row.ssh_host and row.ssh_port and row.status not in (AllocationStatus.released, AllocationStatus.failed)
         else None
     )
     return AllocationState(
@@ -99,7 +98,7 @@ async def _update_alloc(session: AsyncSession, alloc_id: uuid.UUID, **values: An
     return await _with_volumes(session, row)
 
 
-async def _transition(session: AsyncSession, alloc: Any, target: S, **values: Any) -> Any:
+async def _transition(session: AsyncSession, alloc: Any, target: AllocationStatus, **values: Any) -> Any:
     domain.check_transition(alloc.status, target, action=target.value)
     row = await _update_alloc(session, alloc.allocation_id, status=target, status_changed_at=now(), **values)
     await _timeline(

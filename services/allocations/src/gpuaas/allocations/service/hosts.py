@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuaas.allocations import SERVICE
 from gpuaas.allocations.models import allocations, hosts
-from gpuaas.allocations.service.common import SERVICE
 from gpuaas.allocations.service.lifecycle import _request_release
 from gpuaas.contracts import Actor, new_event_id
-from gpuaas.contracts.enums import AllocationStatus as S
-from gpuaas.contracts.events import allocations as ev
+from gpuaas.contracts.enums import AllocationStatus
+from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.contracts.events.allocations import GpuDevice, HostEnrolled, HostState, HostStatus
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
@@ -101,7 +101,7 @@ async def enrol_host_unchecked(
 async def rotate_node_token(session: AsyncSession, principal: Principal, host_id: uuid.UUID) -> tuple[HostState, str]:
     """A new node token for a host (the old one stops working at once), e.g. when an agent's copy is lost."""
     await iam.authorize(session, principal, "allocations.host.manage")
-    await get_host(session, host_id, lock=True)
+    await load_host(session, host_id, lock=True)
     token = "gpn_" + secrets.token_urlsafe(32)
     row = await _update_host(session, host_id, node_token_hash=hash_token(token))
     await audit.record(
@@ -120,7 +120,11 @@ async def list_hosts(session: AsyncSession) -> list[HostState]:
     return [host_state(r) for r in rows]
 
 
-async def get_host(session: AsyncSession, host_id: uuid.UUID, *, lock: bool = False) -> Any:
+async def get_host(session: AsyncSession, host_id: uuid.UUID) -> HostState:
+    return host_state(await load_host(session, host_id))
+
+
+async def load_host(session: AsyncSession, host_id: uuid.UUID, *, lock: bool = False) -> Any:
     q = select(hosts).where(hosts.c.host_id == host_id)
     row = (await session.execute(q.with_for_update() if lock else q)).first()
     if row is None:
@@ -144,7 +148,7 @@ async def cordon_host(
 ) -> HostState:
     """Cordon: no new allocations. Drain: cordon and request the release of every allocation on it."""
     await iam.authorize(session, principal, "allocations.host.manage")
-    before = await get_host(session, host_id, lock=True)
+    before = await load_host(session, host_id, lock=True)
     if before.status == HostStatus.decommissioned:
         raise Conflict("the host is decommissioned", code="host_decommissioned")
     values: dict[str, Any] = {"cordon_reason": reason}
@@ -154,7 +158,7 @@ async def cordon_host(
         values["status"] = HostStatus.cordoned
     row = await _update_host(session, host_id, **values)
     state = host_state(row)
-    await add_event(session, ev.HostCordoned.build(data=state, source=SERVICE, actor=principal.actor))
+    await add_event(session, allocation_events.HostCordoned.build(data=state, source=SERVICE, actor=principal.actor))
     await audit.record(
         session,
         service=SERVICE,
@@ -170,7 +174,9 @@ async def cordon_host(
         live = await session.execute(
             select(allocations.c.allocation_id).where(
                 allocations.c.host_id == host_id,
-                allocations.c.status.in_([S.active, S.restarting, S.resizing]),
+                allocations.c.status.in_(
+                    [AllocationStatus.active, AllocationStatus.restarting, AllocationStatus.resizing]
+                ),
             )
         )
         for (alloc_id,) in live:
@@ -180,7 +186,7 @@ async def cordon_host(
 
 async def uncordon_host(session: AsyncSession, principal: Principal, host_id: uuid.UUID) -> HostState:
     await iam.authorize(session, principal, "allocations.host.manage")
-    before = await get_host(session, host_id, lock=True)
+    before = await load_host(session, host_id, lock=True)
     if before.status == HostStatus.unreachable:
         row = await _update_host(session, host_id, cordon_reason=None, status_before_unreachable=HostStatus.ready)
     elif before.status == HostStatus.cordoned:
@@ -188,7 +194,7 @@ async def uncordon_host(session: AsyncSession, principal: Principal, host_id: uu
     else:
         raise Conflict(f"the host is {before.status}, not cordoned", code="host_not_cordoned")
     state = host_state(row)
-    await add_event(session, ev.HostUpdated.build(data=state, source=SERVICE, actor=principal.actor))
+    await add_event(session, allocation_events.HostUpdated.build(data=state, source=SERVICE, actor=principal.actor))
     await audit.record(
         session,
         service=SERVICE,

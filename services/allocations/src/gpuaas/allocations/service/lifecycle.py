@@ -8,13 +8,13 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaas.allocations import domain
+from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, app_members, gpu_assignments, hosts, volume_attachments, volumes
 from gpuaas.allocations.service.access import authorized_keys
 from gpuaas.allocations.service.common import (
-    SERVICE,
     _enqueue,
     _timeline,
     _transition,
@@ -27,11 +27,11 @@ from gpuaas.allocations.service.common import (
 )
 from gpuaas.allocations.service.placement import _capacities, _place
 from gpuaas.allocations.service.quotas import _check_quota
-from gpuaas.allocations.service.volumes import _attach, _volume_mounts
+from gpuaas.allocations.service.volumes import _attach, _volume_mounts, volume_summaries
+from gpuaas.allocations.views import Allocation, AllocationChange, VolumeRef
 from gpuaas.contracts import Actor, Event, new_event_id
-from gpuaas.contracts.enums import AllocationStatus as S
-from gpuaas.contracts.enums import CapacityShape
-from gpuaas.contracts.events import allocations as ev
+from gpuaas.contracts.enums import AllocationStatus, CapacityShape
+from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Unprocessable
@@ -51,7 +51,7 @@ async def create_allocation(
     gpu_count: int | None,
     host_class: str | None,
     volume_ids: list[uuid.UUID],
-) -> Any:
+) -> AllocationChange[Allocation]:
     await iam.authorize(session, principal, "allocations.create", project_id=project_id)
     tenant_id = await iam.project_tenant(session, project_id)
     assert tenant_id is not None
@@ -73,7 +73,7 @@ async def create_allocation(
             gpu_count=gpu_count or 1,
             gpu_indices=[],
             host_class=host_class,
-            status=S.requested,
+            status=AllocationStatus.requested,
             status_changed_at=t,
             ssh_username=domain.unix_username(alloc_id),
             requested_at=t,
@@ -91,31 +91,32 @@ async def create_allocation(
         session, (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).one()
     )
     events: list[Event] = [
-        ev.AllocationRequested.build(data=alloc_state(requested), source=SERVICE, actor=principal.actor)
+        allocation_events.AllocationRequested.build(data=alloc_state(requested), source=SERVICE, actor=principal.actor)
     ]
     await _timeline(session, alloc_id, "status", "info", "requested")
     for vid in volume_ids:
         await _attach(session, principal, alloc_id, project_id, vid, emit_task=False)
     row = await _transition(
-        session, requested, S.provisioning, host_id=host.host_id, gpu_indices=picked, gpu_count=len(picked)
+        session,
+        requested,
+        AllocationStatus.provisioning,
+        host_id=host.host_id,
+        gpu_indices=picked,
+        gpu_count=len(picked),
     )
     await _timeline(
         session, alloc_id, "placement", "succeeded", f"placed on {host.name}: GPUs {','.join(map(str, picked))}"
     )
-    events.append(ev.AllocationProvisioning.build(data=alloc_state(row), source=SERVICE, actor=principal.actor))
+    events.append(
+        allocation_events.AllocationProvisioning.build(data=alloc_state(row), source=SERVICE, actor=principal.actor)
+    )
     await add_events(session, events)
     await _enqueue(
         session,
         host.host_id,
         alloc_id,
         "provision",
-        {
-            "allocation_id": str(alloc_id),
-            "username": row.ssh_username,
-            "gpu_indices": picked,
-            "authorized_keys": await authorized_keys(session, row),
-            "volumes": await _volume_mounts(session, alloc_id),
-        },
+        await _workspace_payload(session, row, picked),
     )
     await audit.record(
         session,
@@ -128,12 +129,23 @@ async def create_allocation(
         project_id=project_id,
         after=alloc_state(row).model_dump(mode="json"),
     )
-    return row
+    return await _changed(session, row)
+
+
+async def _workspace_payload(session: AsyncSession, row: Any, gpu_indices: list[int]) -> dict[str, Any]:
+    """What the agent (re)builds an allocation's workspace from: account, GPUs, keys and volumes."""
+    return {
+        "allocation_id": str(row.allocation_id),
+        "username": row.ssh_username,
+        "gpu_indices": gpu_indices,
+        "authorized_keys": await authorized_keys(session, row),
+        "volumes": await _volume_mounts(session, row.allocation_id),
+    }
 
 
 async def list_allocations(
     session: AsyncSession, principal: Principal, *, project_id: uuid.UUID | None, include_released: bool
-) -> list[Any]:
+) -> list[Allocation]:
     q = select(allocations).order_by(allocations.c.requested_at.desc()).limit(500)
     if project_id is not None:
         await iam.authorize(session, principal, "allocations.read", project_id=project_id)
@@ -143,33 +155,67 @@ async def list_allocations(
         if visible is not None:
             q = q.where(allocations.c.project_id.in_(visible or [uuid.UUID(int=0)]))
     if not include_released:
-        q = q.where(allocations.c.status.notin_([S.released, S.failed]))
-    return await _with_volumes_many(session, list((await session.execute(q)).all()))
+        q = q.where(allocations.c.status.notin_([AllocationStatus.released, AllocationStatus.failed]))
+    return await allocation_views(session, await _with_volumes_many(session, list((await session.execute(q)).all())))
+
+
+async def get_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> Allocation:
+    return (await allocation_views(session, [await load_allocation(session, principal, alloc_id, "allocations.read")]))[
+        0
+    ]
+
+
+async def allocation_views(session: AsyncSession, rows: list[Any]) -> list[Allocation]:
+    """The API shape of allocations; their volumes are read in one query for the whole list."""
+    wanted = list({v for row in rows for v in row.volume_ids})
+    by_id = {v.volume_id: v for v in await volume_summaries(session, wanted)}
+    return [_view(row, [by_id[v] for v in row.volume_ids if v in by_id]) for row in rows]
+
+
+def _view(row: Any, vols: list[Any]) -> Allocation:
+    return Allocation.model_validate(
+        {
+            **alloc_state(row).model_dump(),
+            "volumes": [
+                VolumeRef(
+                    volume_id=v.volume_id,
+                    name=v.name,
+                    persist=v.persist,
+                    access_mode=v.access_mode,
+                    after_release=domain.after_release(v.persist),
+                )
+                for v in vols
+            ],
+            "after_release": domain.allocation_after_release([(v.name, v.persist) for v in vols]),
+            "awaiting_release_clearance": row.awaiting_clearance_since is not None,
+        }
+    )
+
+
+async def _changed(session: AsyncSession, row: Any) -> AllocationChange[Allocation]:
+    """The allocation after a change: its view, new version and host."""
+    view = (await allocation_views(session, [row]))[0]
+    return AllocationChange(body=view, version=row.version, host_id=row.host_id)
 
 
 async def restart_allocation(
     session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, *, expected_version: int | None = None
-) -> Any:
+) -> AllocationChange[Allocation]:
     alloc = await load_allocation(
         session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
     )
     before = alloc_state(alloc)
-    row = await _transition(session, alloc, S.restarting, failure_reason=None)
+    row = await _transition(session, alloc, AllocationStatus.restarting, failure_reason=None)
     await add_event(
-        session, ev.AllocationRestarting.build(data=alloc_state(row), source=SERVICE, actor=principal.actor)
+        session,
+        allocation_events.AllocationRestarting.build(data=alloc_state(row), source=SERVICE, actor=principal.actor),
     )
     await _enqueue(
         session,
         row.host_id,
         alloc_id,
         "restart",
-        {
-            "allocation_id": str(alloc_id),
-            "username": row.ssh_username,
-            "gpu_indices": list(row.gpu_indices),
-            "authorized_keys": await authorized_keys(session, row),
-            "volumes": await _volume_mounts(session, alloc_id),
-        },
+        await _workspace_payload(session, row, list(row.gpu_indices)),
     )
     await audit.record(
         session,
@@ -183,7 +229,7 @@ async def restart_allocation(
         before={"status": before.status},
         after={"status": row.status},
     )
-    return row
+    return await _changed(session, row)
 
 
 async def resize_allocation(
@@ -193,7 +239,7 @@ async def resize_allocation(
     gpu_count: int,
     *,
     expected_version: int | None = None,
-) -> Any:
+) -> AllocationChange[Allocation]:
     alloc = await load_allocation(
         session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
     )
@@ -201,7 +247,7 @@ async def resize_allocation(
         raise Conflict(
             "only a gpu_slice can be resized; a baremetal allocation holds the whole host", code="resize_not_supported"
         )
-    domain.check_transition(alloc.status, S.resizing, action="resize")
+    domain.check_transition(alloc.status, AllocationStatus.resizing, action="resize")
     if gpu_count == alloc.gpu_count:
         raise Conflict(f"the allocation already has {gpu_count} GPUs", code="resize_noop")
     current = sorted(alloc.gpu_indices)
@@ -227,9 +273,17 @@ async def resize_allocation(
     else:
         target = current[:gpu_count]
     row = await _transition(
-        session, alloc, S.resizing, target_gpu_count=gpu_count, target_gpu_indices=target, failure_reason=None
+        session,
+        alloc,
+        AllocationStatus.resizing,
+        target_gpu_count=gpu_count,
+        target_gpu_indices=target,
+        failure_reason=None,
     )
-    await add_event(session, ev.AllocationResizing.build(data=alloc_state(row), source=SERVICE, actor=principal.actor))
+    await add_event(
+        session,
+        allocation_events.AllocationResizing.build(data=alloc_state(row), source=SERVICE, actor=principal.actor),
+    )
     await _enqueue(
         session,
         row.host_id,
@@ -253,7 +307,7 @@ async def resize_allocation(
         before={"gpu_count": alloc.gpu_count, "gpu_indices": current},
         after={"gpu_count": gpu_count, "gpu_indices": target},
     )
-    return row
+    return await _changed(session, row)
 
 
 async def live_app_members(session: AsyncSession, alloc_id: uuid.UUID) -> int:
@@ -272,6 +326,25 @@ async def live_app_members(session: AsyncSession, alloc_id: uuid.UUID) -> int:
     )
 
 
+async def record_app_member(session: AsyncSession, member: Any, *, tombstoned: bool) -> None:
+    """app-runtime's member on an allocation (a projection the release saga counts); newer versions win."""
+    values = {
+        "member_id": member.member_id,
+        "allocation_id": member.allocation_id,
+        "status": str(member.status),
+        "tombstoned": member.tombstoned or tombstoned,
+        "version": member.version,
+    }
+    stmt = pg_insert(app_members).values(values)
+    await session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["member_id"],
+            set_={k: stmt.excluded[k] for k in values if k != "member_id"},
+            where=app_members.c.version <= stmt.excluded.version,
+        )
+    )
+
+
 async def release_allocation(
     session: AsyncSession,
     principal: Principal,
@@ -279,16 +352,16 @@ async def release_allocation(
     *,
     retry: bool,
     expected_version: int | None = None,
-) -> Any:
+) -> AllocationChange[Allocation]:
     action = "allocations.release"
     alloc = await load_allocation(session, principal, alloc_id, action, lock=True, expected_version=expected_version)
-    if retry and alloc.status != S.release_failed:
+    if retry and alloc.status != AllocationStatus.release_failed:
         raise Conflict(
             f"only a release_failed allocation can be retried; this one is {alloc.status}",
             code="invalid_state_transition",
             current_status=alloc.status,
         )
-    if not retry and alloc.status == S.release_failed:
+    if not retry and alloc.status == AllocationStatus.release_failed:
         raise Conflict("the release failed; use retry-release", code="release_failed_use_retry")
     row = await _request_release(session, principal.actor, alloc_id, reason=None)
     await audit.record(
@@ -303,20 +376,20 @@ async def release_allocation(
         before={"status": alloc.status},
         after={"status": row.status},
     )
-    return row
+    return await _changed(session, row)
 
 
 async def _request_release(session: AsyncSession, actor: Actor, alloc_id: uuid.UUID, *, reason: str | None) -> Any:
     alloc = (
         await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
     ).one()
-    retry = alloc.status == S.release_failed
+    retry = alloc.status == AllocationStatus.release_failed
     t = now()
     # Billing stops at the first release request, whatever happens to the release afterwards.
     row = await _transition(
         session,
         alloc,
-        S.releasing,
+        AllocationStatus.releasing,
         release_requested_at=alloc.release_requested_at or t,
         billing_stopped_at=alloc.billing_stopped_at or t,
         release_attempts=alloc.release_attempts + 1,
@@ -324,7 +397,9 @@ async def _request_release(session: AsyncSession, actor: Actor, alloc_id: uuid.U
     )
     if reason:
         await _timeline(session, alloc_id, "release", "info", reason)
-    await add_event(session, ev.AllocationReleaseRequested.build(data=alloc_state(row), source=SERVICE, actor=actor))
+    await add_event(
+        session, allocation_events.AllocationReleaseRequested.build(data=alloc_state(row), source=SERVICE, actor=actor)
+    )
     members = 0 if retry else await live_app_members(session, alloc_id)
     if members:
         row = await _update_alloc(session, alloc_id, awaiting_clearance_since=t)
@@ -377,7 +452,7 @@ async def clearance_granted(session: AsyncSession, alloc_id: uuid.UUID, *, force
     alloc = (
         await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
     ).first()
-    if alloc is None or alloc.status != S.releasing or alloc.awaiting_clearance_since is None:
+    if alloc is None or alloc.status != AllocationStatus.releasing or alloc.awaiting_clearance_since is None:
         return
     row = await _update_alloc(session, alloc_id, awaiting_clearance_since=None)
     await _timeline(session, alloc_id, "release.clearance", "failed" if forced else "succeeded", note)
@@ -388,7 +463,7 @@ async def overdue_clearances(session: AsyncSession, timeout_s: float) -> list[uu
     rows = await session.execute(
         select(allocations.c.allocation_id).where(
             allocations.c.awaiting_clearance_since < now() - timedelta(seconds=timeout_s),
-            allocations.c.status == S.releasing,
+            allocations.c.status == AllocationStatus.releasing,
         )
     )
     return [r[0] for r in rows]

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpuaas.allocations import domain
+from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, quotas
-from gpuaas.allocations.service.common import SERVICE
+from gpuaas.allocations.views import Quota
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict
@@ -45,18 +44,16 @@ async def _check_quota(session: AsyncSession, project_id: uuid.UUID, extra: int)
         )
 
 
-async def set_quota(session: AsyncSession, principal: Principal, project_id: uuid.UUID, max_gpus: int) -> Any:
+async def set_quota(session: AsyncSession, principal: Principal, project_id: uuid.UUID, max_gpus: int) -> Quota:
     await iam.authorize(session, principal, "allocations.quota.manage", project_id=project_id)
     tenant_id = await iam.project_tenant(session, project_id)
     before = (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).first()
     stmt = pg_insert(quotas).values(project_id=project_id, tenant_id=tenant_id, max_gpus=max_gpus)
-    row = (
-        await session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["project_id"], set_={"max_gpus": max_gpus, "version": quotas.c.version + 1}
-            ).returning(*quotas.c)
+    await session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["project_id"], set_={"max_gpus": max_gpus, "version": quotas.c.version + 1}
         )
-    ).one()
+    )
     await audit.record(
         session,
         service=SERVICE,
@@ -69,14 +66,14 @@ async def set_quota(session: AsyncSession, principal: Principal, project_id: uui
         before={"max_gpus": before[0]} if before else None,
         after={"max_gpus": max_gpus},
     )
-    return row
+    return await get_quota(session, principal, project_id)  # as a reader sees it (authorized as one)
 
 
-async def get_quota(session: AsyncSession, principal: Principal, project_id: uuid.UUID) -> dict[str, Any]:
+async def get_quota(session: AsyncSession, principal: Principal, project_id: uuid.UUID) -> Quota:
     await iam.authorize(session, principal, "allocations.read", project_id=project_id)
     row = (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).first()
-    return {
-        "project_id": project_id,
-        "max_gpus": row[0] if row else None,
-        "gpus_in_use": await _project_gpu_usage(session, project_id),
-    }
+    return Quota(
+        project_id=project_id,
+        max_gpus=row[0] if row else None,
+        gpus_in_use=await _project_gpu_usage(session, project_id),
+    )

@@ -8,11 +8,13 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuaas.allocations import SERVICE
 from gpuaas.allocations.models import volume_attachments, volumes
-from gpuaas.allocations.service.common import SERVICE, SYSTEM, _enqueue, _timeline, _update_alloc, load_allocation, now
+from gpuaas.allocations.service.common import SYSTEM, _enqueue, _timeline, _update_alloc, load_allocation, now
+from gpuaas.allocations.views import AllocationChange
 from gpuaas.contracts import Actor, new_event_id
-from gpuaas.contracts.enums import AllocationStatus as S
-from gpuaas.contracts.events import allocations as ev
+from gpuaas.contracts.enums import AllocationStatus
+from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.contracts.events.allocations import VolumeAttachment, VolumeState
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
@@ -93,7 +95,7 @@ async def create_volume(
         )
     ).one()
     state = await volume_state(session, row)
-    await add_event(session, ev.VolumeCreated.build(data=state, source=SERVICE, actor=principal.actor))
+    await add_event(session, allocation_events.VolumeCreated.build(data=state, source=SERVICE, actor=principal.actor))
     await audit.record(
         session,
         service=SERVICE,
@@ -120,6 +122,10 @@ async def load_volume(
     except NotFound:
         raise NotFound("volume not found", code="volume_not_found") from None
     return (await session.execute(q.with_for_update())).one() if lock else row
+
+
+async def get_volume(session: AsyncSession, principal: Principal, volume_id: uuid.UUID) -> VolumeState:
+    return await volume_state(session, await load_volume(session, principal, volume_id, "allocations.read"))
 
 
 async def list_volumes(session: AsyncSession, principal: Principal, project_id: uuid.UUID) -> list[VolumeState]:
@@ -174,16 +180,8 @@ async def _attach(
             attached_at=now(),
         )
     )
-    row = (
-        await session.execute(
-            update(volumes)
-            .where(volumes.c.volume_id == volume_id)
-            .values(status="attached", version=volumes.c.version + 1)
-            .returning(*volumes.c)
-        )
-    ).one()
-    state = await volume_state(session, row)
-    await add_event(session, ev.VolumeAttached.build(data=state, source=SERVICE, actor=principal.actor))
+    state = await _set_volume_status(session, volume_id, "attached")
+    await add_event(session, allocation_events.VolumeAttached.build(data=state, source=SERVICE, actor=principal.actor))
     await audit.record(
         session,
         service=SERVICE,
@@ -207,6 +205,18 @@ async def _attach(
     return state
 
 
+async def _active_allocation(
+    session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, expected_version: int | None, what: str
+) -> Any:
+    """The allocation a volume change applies to: locked, at the expected version, and active."""
+    alloc = await load_allocation(
+        session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
+    )
+    if alloc.status != AllocationStatus.active:
+        raise Conflict(f"{what} active allocations; this one is {alloc.status}", code="allocation_not_active")
+    return alloc
+
+
 async def attach_volume(
     session: AsyncSession,
     principal: Principal,
@@ -214,20 +224,14 @@ async def attach_volume(
     volume_id: uuid.UUID,
     *,
     expected_version: int | None = None,
-) -> VolumeState:
+) -> AllocationChange[VolumeState]:
     """Attach to an active allocation. Its volume ids are part of the allocation, so its version moves on."""
-    alloc = await load_allocation(
-        session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
-    )
-    if alloc.status != S.active:
-        raise Conflict(
-            f"volumes attach to active allocations; this one is {alloc.status}", code="allocation_not_active"
-        )
+    alloc = await _active_allocation(session, principal, alloc_id, expected_version, "volumes attach to")
     state = await _attach(
         session, principal, alloc_id, alloc.project_id, volume_id, emit_task=True, host_id=alloc.host_id
     )
-    await _update_alloc(session, alloc_id)
-    return state
+    row = await _update_alloc(session, alloc_id)
+    return AllocationChange(body=state, version=row.version, host_id=row.host_id)
 
 
 async def detach_volume(
@@ -237,15 +241,9 @@ async def detach_volume(
     volume_id: uuid.UUID,
     *,
     expected_version: int | None = None,
-) -> VolumeState:
+) -> AllocationChange[VolumeState]:
     """Detach from an active allocation (the data stays); the allocation's version moves on."""
-    alloc = await load_allocation(
-        session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
-    )
-    if alloc.status != S.active:
-        raise Conflict(
-            f"volumes detach from active allocations; this one is {alloc.status}", code="allocation_not_active"
-        )
+    alloc = await _active_allocation(session, principal, alloc_id, expected_version, "volumes detach from")
     await load_volume(session, principal, volume_id, "allocations.volume.manage", lock=True)
     gone = (
         await session.execute(
@@ -257,7 +255,7 @@ async def detach_volume(
     if gone is None:
         raise NotFound("the volume is not attached to this allocation", code="volume_not_attached")
     state = await _after_detach(session, volume_id, principal.actor, delete_if_unused=False)
-    await _update_alloc(session, alloc_id)
+    row = await _update_alloc(session, alloc_id)
     await _enqueue(
         session,
         alloc.host_id,
@@ -282,7 +280,19 @@ async def detach_volume(
         before={"allocation_id": str(alloc_id)},
     )
     await _timeline(session, alloc_id, "storage", "info", f"volume {state.name} detached")
-    return state
+    return AllocationChange(body=state, version=row.version, host_id=row.host_id)
+
+
+async def _set_volume_status(session: AsyncSession, volume_id: uuid.UUID, status: str) -> VolumeState:
+    row = (
+        await session.execute(
+            update(volumes)
+            .where(volumes.c.volume_id == volume_id)
+            .values(status=status, version=volumes.c.version + 1)
+            .returning(*volumes.c)
+        )
+    ).one()
+    return await volume_state(session, row)
 
 
 async def _after_detach(
@@ -295,18 +305,10 @@ async def _after_detach(
     ).scalar_one()
     vol = (await session.execute(select(volumes).where(volumes.c.volume_id == volume_id))).one()
     status = "attached" if left else ("deleted" if delete_if_unused and not vol.persist else "available")
-    row = (
-        await session.execute(
-            update(volumes)
-            .where(volumes.c.volume_id == volume_id)
-            .values(status=status, version=volumes.c.version + 1)
-            .returning(*volumes.c)
-        )
-    ).one()
-    state = await volume_state(session, row)
-    await add_event(session, ev.VolumeDetached.build(data=state, source=SERVICE, actor=actor))
+    state = await _set_volume_status(session, volume_id, status)
+    await add_event(session, allocation_events.VolumeDetached.build(data=state, source=SERVICE, actor=actor))
     if status == "deleted":
-        await add_event(session, ev.VolumeDeleted.build(data=state, source=SERVICE, actor=actor))
+        await add_event(session, allocation_events.VolumeDeleted.build(data=state, source=SERVICE, actor=actor))
     return state
 
 
@@ -330,16 +332,8 @@ async def delete_volume(session: AsyncSession, principal: Principal, volume_id: 
     vol = await load_volume(session, principal, volume_id, "allocations.volume.manage", lock=True)
     if vol.status == "attached":
         raise Conflict("detach the volume before deleting it", code="volume_attached")
-    row = (
-        await session.execute(
-            update(volumes)
-            .where(volumes.c.volume_id == volume_id)
-            .values(status="deleted", version=volumes.c.version + 1)
-            .returning(*volumes.c)
-        )
-    ).one()
-    state = await volume_state(session, row)
-    await add_event(session, ev.VolumeDeleted.build(data=state, source=SERVICE, actor=principal.actor))
+    state = await _set_volume_status(session, volume_id, "deleted")
+    await add_event(session, allocation_events.VolumeDeleted.build(data=state, source=SERVICE, actor=principal.actor))
     await audit.record(
         session,
         service=SERVICE,

@@ -1,0 +1,1 @@
+"""The `gpuaas` commands, one module per area; `gpuaas.cli.main` assembles them into one typer app."""

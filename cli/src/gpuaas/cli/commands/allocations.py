@@ -1,0 +1,283 @@
+"""`gpuaas alloc`: create, list, show, ssh, restart, resize, release, retry-release; `--wait` follows the
+allocation's timeline (a live table on a terminal) until the change settles."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from gpuaas.cli.context import State, call, client, new_key, project_id, run, state_of
+from gpuaas.cli.output import emit, err, out, plain, table
+from gpuaas.sdk import Client
+from gpuaas.sdk.models import Allocation, AllocationStatus, AllocationTimelineEntry
+
+app = typer.Typer(help="Allocations: create, list, show, ssh, restart, resize, release.", no_args_is_help=True)
+
+Status = AllocationStatus
+SETTLED = {Status.active, Status.failed, Status.released, Status.release_failed}
+RUNNING_OR_FAILED = {Status.active, Status.failed}
+RELEASED_OR_FAILED = {Status.released, Status.release_failed}
+
+Wait = Annotated[bool, typer.Option("--wait", help="Follow the timeline until the change settles")]
+Timeout = Annotated[float, typer.Option(help="Seconds --wait waits at most")]
+
+
+@dataclass
+class AllocationDetail:
+    """`alloc show`: the allocation with its timeline."""
+
+    allocation: Allocation
+    timeline: list[AllocationTimelineEntry]
+
+    def as_json(self) -> Any:
+        return {**plain(self.allocation), "timeline": plain(self.timeline)}
+
+
+def allocation_rows(items: list[Allocation]) -> Table:
+    return table(
+        "Allocations",
+        ["id", "name", "status", "GPUs", "shape", "SSH", "failure"],
+        [
+            [
+                a.allocation_id,
+                a.name,
+                a.status,
+                f"{a.gpu_count} x {a.gpu_model}",
+                a.shape,
+                ssh_line(a) or "-",
+                a.failure_reason or "",
+            ]
+            for a in items
+        ],
+    )
+
+
+def ssh_line(a: Allocation) -> str | None:
+    ep = a.ssh_endpoint
+    return f"ssh -p {ep.port} {ep.username}@{ep.host}" if ep else None
+
+
+async def wait_allocation(
+    st: State, c: Client, allocation_id: str, done: set[AllocationStatus], timeout_s: float
+) -> Allocation:
+    """Follow the timeline (a live table of phases) until the allocation reaches one of `done`."""
+    after = 0
+    entries: list[AllocationTimelineEntry] = []
+    deadline = time.monotonic() + timeout_s
+
+    def view(alloc: Allocation) -> Table:
+        return table(
+            f"{alloc.name}: {alloc.status}",
+            ["phase", "status", "message", "started", "finished"],
+            [[e.phase, e.status, e.message, e.started_at, e.finished_at] for e in entries],
+        )
+
+    alloc = await c.allocation(allocation_id)
+    live = (
+        None
+        if st.json or (not out.is_terminal and os.environ.get("GPUAAS_PROGRESS") != "1")
+        else Live(view(alloc), console=err)
+    )
+    try:
+        if live:
+            live.start()
+        while True:
+            for e in await c.allocation_timeline(allocation_id, after=after):
+                after = max(after, e.seq)
+                entries.append(e)
+                if live is None and not st.json:
+                    err.print(f"  {e.phase:<12} {e.status:<10} {e.message}", highlight=False)
+            alloc = await c.allocation(allocation_id)
+            if live:
+                live.update(view(alloc))
+            if alloc.status in done:
+                return alloc
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"allocation {allocation_id} is still {alloc.status} after {timeout_s:.0f}s")
+            await asyncio.sleep(0.5)
+    finally:
+        if live:
+            live.stop()
+
+
+@app.command("create")
+def create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Option(help="Allocation name")] = "workspace",
+    gpus: Annotated[int | None, typer.Option(help="GPU count (gpu_slice)")] = 1,
+    model: Annotated[str, typer.Option(help="GPU model")] = "H100-80GB",
+    shape: Annotated[str, typer.Option(help="gpu_slice or baremetal")] = "gpu_slice",
+    host_class: Annotated[str | None, typer.Option(help="Pin a host class")] = None,
+    volume: Annotated[list[str] | None, typer.Option(help="Volume id to attach (repeatable)")] = None,
+    wait: Wait = False,
+    timeout: Timeout = 300,
+) -> None:
+    """Create an allocation (with --wait: until it is active or failed)."""
+    st = state_of(ctx)
+
+    async def go() -> Allocation:
+        async with client(st) as c:
+            a = await c.create_allocation(
+                await project_id(st, c),
+                name=name,
+                shape=shape,
+                gpu_model=model,
+                gpu_count=None if shape == "baremetal" else gpus,
+                host_class=host_class,
+                volume_ids=volume or [],
+                idempotency_key=new_key(),
+            )
+            if wait:
+                a = await wait_allocation(st, c, str(a.allocation_id), SETTLED, timeout)
+            return a
+
+    a = run(go())
+    emit(st, a, lambda a: out.print(allocation_rows([a])))
+    if wait and a.status != Status.active:
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_(ctx: typer.Context, released: Annotated[bool, typer.Option(help="Include released")] = False) -> None:
+    """Allocations of the project."""
+    st = state_of(ctx)
+
+    async def go() -> list[Allocation]:
+        async with client(st) as c:
+            return await c.allocations(await project_id(st, c), include_released=released)
+
+    emit(st, run(go()), lambda items: out.print(allocation_rows(items)))
+
+
+@app.command("show")
+def show(ctx: typer.Context, allocation_id: str) -> None:
+    """One allocation with its timeline."""
+    st = state_of(ctx)
+
+    async def go(c: Client) -> AllocationDetail:
+        return AllocationDetail(await c.allocation(allocation_id), await c.allocation_timeline(allocation_id))
+
+    def render(d: AllocationDetail) -> None:
+        out.print(allocation_rows([d.allocation]))
+        if d.allocation.after_release:
+            out.print(f"After release: {d.allocation.after_release}")
+        out.print(
+            table(
+                "Timeline",
+                ["phase", "status", "message", "started"],
+                [[e.phase, e.status, e.message, e.started_at] for e in d.timeline],
+            )
+        )
+
+    emit(st, run(call(st, go)), render)
+
+
+@app.command("ssh")
+def ssh(
+    ctx: typer.Context,
+    allocation_id: str,
+    identity: Annotated[Path | None, typer.Option("-i", help="Private key file")] = None,
+    print_only: Annotated[bool, typer.Option("--print", help="Print the ssh command instead of running it")] = False,
+    command: Annotated[list[str] | None, typer.Argument(help="Remote command")] = None,
+) -> None:
+    """SSH into an allocation (runs OpenSSH's ssh)."""
+    st = state_of(ctx)
+    a = run(call(st, lambda c: c.allocation(allocation_id)))
+    ep = a.ssh_endpoint
+    if not ep:
+        err.print(f"[red]error:[/red] allocation is {a.status}: no SSH endpoint yet")
+        raise typer.Exit(1)
+    argv = ["ssh", "-p", str(ep.port), "-o", "StrictHostKeyChecking=accept-new"]
+    if identity:
+        argv += ["-i", str(identity)]
+    argv += [f"{ep.username}@{ep.host}", *(command or [])]
+    if print_only or st.json:
+        emit(st, {"argv": argv}, lambda d: out.print(shlex.join(d["argv"])))
+        return
+    os.execvp("ssh", argv)
+
+
+def _change(
+    ctx: typer.Context,
+    allocation_id: str,
+    request: Callable[[Client], Awaitable[Allocation]],
+    wait: bool,
+    timeout: float,
+    done: set[AllocationStatus],
+) -> None:
+    """One change of an allocation (`request`), followed to one of `done` with --wait."""
+    st = state_of(ctx)
+
+    async def go() -> Allocation:
+        async with client(st) as c:
+            a = await request(c)
+            if wait:
+                a = await wait_allocation(st, c, allocation_id, done, timeout)
+            return a
+
+    a = run(go())
+    emit(st, a, lambda a: out.print(allocation_rows([a])))
+    if wait and a.status in {Status.failed, Status.release_failed}:
+        raise typer.Exit(1)
+
+
+@app.command("restart")
+def restart(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
+    """Restart in place (same id, host, endpoint, keys and volumes)."""
+    _change(
+        ctx,
+        allocation_id,
+        lambda c: c.restart_allocation(allocation_id, idempotency_key=new_key()),
+        wait,
+        timeout,
+        RUNNING_OR_FAILED,
+    )
+
+
+@app.command("resize")
+def resize(ctx: typer.Context, allocation_id: str, gpus: int, wait: Wait = False, timeout: Timeout = 300) -> None:
+    """Change the GPU count of a gpu_slice allocation."""
+    _change(
+        ctx,
+        allocation_id,
+        lambda c: c.resize_allocation(allocation_id, gpus, idempotency_key=new_key()),
+        wait,
+        timeout,
+        RUNNING_OR_FAILED,
+    )
+
+
+@app.command("release")
+def release(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
+    """Release (billing stops at the request)."""
+    _change(
+        ctx,
+        allocation_id,
+        lambda c: c.release_allocation(allocation_id, idempotency_key=new_key()),
+        wait,
+        timeout,
+        RELEASED_OR_FAILED,
+    )
+
+
+@app.command("retry-release")
+def retry_release(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
+    """Retry a release that failed."""
+    _change(
+        ctx,
+        allocation_id,
+        lambda c: c.retry_release_allocation(allocation_id, idempotency_key=new_key()),
+        wait,
+        timeout,
+        RELEASED_OR_FAILED,
+    )

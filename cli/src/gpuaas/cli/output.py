@@ -1,0 +1,64 @@
+"""How commands print: a rich table (or a line) by default, or with `--json` what the API answered.
+
+Typed answers of the SDK are printed back as the API's JSON (`plain`), and table cells and dates read the
+same way (a date as the API wrote it, an id as text), so the output does not depend on the SDK's types.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic_core import to_jsonable_python
+from rich.console import Console
+from rich.table import Table
+
+D = TypeVar("D")
+out = Console()
+err = Console(stderr=True)
+
+
+@runtime_checkable
+class JsonView(Protocol):
+    """What a command shows that is more than one answer (an allocation with its timeline, ...)."""
+
+    def as_json(self) -> Any: ...
+
+
+def plain(data: Any) -> Any:
+    """JSON-ready data: models as the API answered them, lists and dicts element by element."""
+    if isinstance(data, JsonView):
+        return data.as_json()
+    if isinstance(data, list | tuple):
+        return [plain(item) for item in data]
+    if isinstance(data, dict):
+        return {key: plain(value) for key, value in data.items()}
+    return to_jsonable_python(data, by_alias=True)
+
+
+def text(value: Any) -> str:
+    """One value as the API wrote it (e.g. a date in ISO 8601 with `Z`); None is empty."""
+    return "" if value is None else str(plain(value))
+
+
+class OutputMode(Protocol):
+    """What output needs of the CLI's global state (`--json`), so it does not import the context."""
+
+    json: bool
+
+
+def emit(st: OutputMode, data: D, render: Callable[[D], Any] | None = None) -> None:
+    if st.json or render is None:
+        out.print_json(json.dumps(plain(data), default=str))
+    else:
+        render(data)
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c)
+    for row in rows:
+        t.add_row(*(text(v) for v in row))
+    return t

@@ -1,0 +1,140 @@
+"""The one harness of the suites that run a whole Stack (tests/e2e, tests/faults, tests/badinput).
+
+Loaded from the root conftest (`pytest_plugins`). Each suite's conftest keeps only what is its own:
+its `stack` fixture, started with `run_stack()` under its own directory prefix (a session per suite,
+so one suite's junk never reaches another's stack). On that stack this plugin provides:
+
+- `admin_tokens`: the seeded operator's access tokens, logged in again when one is near expiry (a
+  fault run outlives the 15 minutes of an access token);
+- `admin_token` (module scope): a token valid for most of its lifetime when the module starts;
+- `gw`: an httpx.AsyncClient on the gateway as the operator, each request with a fresh token.
+
+Waiting helpers are in `gpuaas.devstack.waiting` (`eventually`, `until_done`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Generator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuaas.devstack.config import StackConfig
+from gpuaas.devstack.stack import Stack
+from gpuaas.devstack.testing import remove_root, temp_root
+
+log = logging.getLogger("gpuaas.devstack")
+# A token handed to a module-scoped fixture must outlast the module: log in again unless it has this long.
+MODULE_TOKEN_MIN_VALID_S = 600.0
+# A token used for one request needs only to reach the service.
+REQUEST_TOKEN_MIN_VALID_S = 60.0
+
+
+def run_stack(request: pytest.FixtureRequest, prefix: str, **overrides: Any) -> Iterator[Stack]:
+    """Start a Stack on free ports in a fresh directory (see `temp_root`) for a session fixture; stop it
+    after. Its directory (logs, data) is removed unless a test failed or GPUAAS_KEEP_STACK is set.
+    `GPUAAS_DATABASE_URL` / `GPUAAS_KAFKA_BOOTSTRAP` / `GPUAAS_STACK_BROKER` are honoured."""
+    root = temp_root(prefix)
+    stack = Stack(StackConfig.from_env(root=root, free_ports=True, **overrides))
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        if os.environ.get("GPUAAS_KEEP_STACK") or request.session.testsfailed:
+            log.warning("kept the stack's logs and data for a post-mortem: %s", root)
+        else:
+            remove_root(root)
+
+
+class AdminTokens:
+    """The seeded platform operator's access tokens through the gateway, logged in again when near expiry."""
+
+    def __init__(
+        self, gateway_url: str, login: tuple[str, str], transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.gateway_url = gateway_url
+        self.login = login
+        self.transport = transport  # tests of the harness itself
+        self._token: str | None = None
+        self._expires_mono = 0.0
+        self._issued: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    def issued(self, token: str) -> bool:
+        """Whether this source handed out `token` (so that a client may swap it for a fresh one)."""
+        return token in self._issued
+
+    async def token(self, min_valid_s: float = REQUEST_TOKEN_MIN_VALID_S) -> str:
+        """A token valid for at least `min_valid_s` more seconds (or a fresh one)."""
+        async with self._lock:
+            if self._token is None or self._expires_mono - time.monotonic() < min_valid_s:
+                await self._log_in()
+            assert self._token is not None
+            return self._token
+
+    async def _log_in(self) -> None:
+        email, password = self.login
+        sent = time.monotonic()
+        async with httpx.AsyncClient(base_url=self.gateway_url, timeout=30, transport=self.transport) as client:
+            r = await client.post(
+                "/api/identity/auth/token", data={"grant_type": "password", "username": email, "password": password}
+            )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        self._token = str(body["access_token"])
+        self._expires_mono = sent + float(body.get("expires_in") or 0)
+        self._issued.add(self._token)
+
+
+class AdminAuth(httpx.Auth):
+    """Swaps the operator token a request carries for a fresh one when it is near expiry; a request
+    that carries any other Authorization (a test acting as someone else) is left as it is."""
+
+    def __init__(self, tokens: AdminTokens) -> None:
+        self.tokens = tokens
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncIterator[httpx.Request]:  # type: ignore[override]
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme == "Bearer" and self.tokens.issued(token):
+            request.headers["Authorization"] = f"Bearer {await self.tokens.token()}"
+        yield request
+
+    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        raise RuntimeError("AdminAuth refreshes tokens asynchronously: use it with an httpx.AsyncClient")
+
+
+@pytest.fixture(scope="session")
+def _admin_token_sources() -> dict[str, AdminTokens]:
+    # Keyed by gateway: a session that runs several suites has one stack (and operator) per suite.
+    return {}
+
+
+def _tokens_of(stack: Stack, sources: dict[str, AdminTokens]) -> AdminTokens:
+    if stack.gateway_url not in sources:
+        sources[stack.gateway_url] = AdminTokens(stack.gateway_url, stack.admin_login)
+    return sources[stack.gateway_url]
+
+
+@pytest.fixture
+def admin_tokens(stack: Stack, _admin_token_sources: dict[str, AdminTokens]) -> AdminTokens:
+    return _tokens_of(stack, _admin_token_sources)
+
+
+@pytest.fixture(scope="module")
+async def admin_token(stack: Stack, _admin_token_sources: dict[str, AdminTokens]) -> str:
+    return await _tokens_of(stack, _admin_token_sources).token(MODULE_TOKEN_MIN_VALID_S)
+
+
+@pytest.fixture
+async def gw(stack: Stack, admin_tokens: AdminTokens) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"Authorization": f"Bearer {await admin_tokens.token()}"}
+    async with httpx.AsyncClient(
+        base_url=stack.gateway_url, headers=headers, auth=AdminAuth(admin_tokens), timeout=30
+    ) as client:
+        yield client

@@ -1,0 +1,140 @@
+"""Allocations: hosts (operators), allocations and their timeline, SSH keys and grants, volumes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpuaas.sdk.models import Allocation, AllocationTimelineEntry, SshGrant, SshKey, Volume
+from gpuaas.sdk.transport import Id, Transport, s
+
+ALLOCATIONS = "/api/allocations"
+
+
+class AllocationsApi(Transport):
+    async def enrol_host(self, name: str, gpus: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+        return await self.request("POST", f"{ALLOCATIONS}/hosts", json={"name": name, "gpus": gpus, **fields})
+
+    # --- allocations ---
+
+    async def create_allocation(
+        self,
+        project_id: Id,
+        *,
+        gpu_model: str,
+        name: str = "",
+        shape: str = "gpu_slice",
+        gpu_count: int | None = None,
+        host_class: str | None = None,
+        volume_ids: Sequence[Id] = (),
+        idempotency_key: str | None = None,
+    ) -> Allocation:
+        body = {
+            "name": name,
+            "shape": shape,
+            "gpu_model": gpu_model,
+            "gpu_count": gpu_count,
+            "host_class": host_class,
+            "volume_ids": [str(v) for v in volume_ids],
+        }
+        data = await self.request(
+            "POST", f"{ALLOCATIONS}/projects/{project_id}/allocations", json=body, idempotency_key=idempotency_key
+        )
+        return Allocation.model_validate(data)
+
+    async def allocations(self, project_id: Id, *, include_released: bool = False) -> list[Allocation]:
+        data = await self.request(
+            "GET", f"{ALLOCATIONS}/projects/{project_id}/allocations", params={"include_released": include_released}
+        )
+        return [Allocation.model_validate(a) for a in data]
+
+    async def allocation(self, allocation_id: Id) -> Allocation:
+        return Allocation.model_validate(await self.request("GET", f"{ALLOCATIONS}/allocations/{allocation_id}"))
+
+    async def allocation_timeline(
+        self, allocation_id: Id, *, after: int | None = None
+    ) -> list[AllocationTimelineEntry]:
+        """The phases of the allocation's changes (those after sequence number `after`, when given)."""
+        params = None if after is None else {"after": after}
+        data = await self.request("GET", f"{ALLOCATIONS}/allocations/{allocation_id}/timeline", params=params)
+        return [AllocationTimelineEntry.model_validate(e) for e in data]
+
+    async def _allocation_action(
+        self, allocation_id: Id, action: str, body: dict[str, Any], idempotency_key: str | None
+    ) -> Allocation:
+        data = await self.request(
+            "POST", f"{ALLOCATIONS}/allocations/{allocation_id}/{action}", json=body, idempotency_key=idempotency_key
+        )
+        return Allocation.model_validate(data)
+
+    async def restart_allocation(self, allocation_id: Id, *, idempotency_key: str | None = None) -> Allocation:
+        """In place: same id, host, endpoint, keys and volumes."""
+        return await self._allocation_action(allocation_id, "restart", {}, idempotency_key)
+
+    async def resize_allocation(
+        self, allocation_id: Id, gpu_count: int, *, idempotency_key: str | None = None
+    ) -> Allocation:
+        return await self._allocation_action(allocation_id, "resize", {"gpu_count": gpu_count}, idempotency_key)
+
+    async def release_allocation(self, allocation_id: Id, *, idempotency_key: str | None = None) -> Allocation:
+        return await self._allocation_action(allocation_id, "release", {}, idempotency_key)
+
+    async def retry_release_allocation(self, allocation_id: Id, *, idempotency_key: str | None = None) -> Allocation:
+        return await self._allocation_action(allocation_id, "retry-release", {}, idempotency_key)
+
+    # --- SSH keys and grants ---
+
+    async def ssh_keys(self) -> list[SshKey]:
+        """The signed-in user's personal keys."""
+        return [SshKey.model_validate(k) for k in await self.request("GET", f"{ALLOCATIONS}/ssh-keys")]
+
+    async def add_ssh_key(self, name: str, public_key: str, *, idempotency_key: str | None = None) -> SshKey:
+        body = {"name": name, "public_key": public_key}
+        data = await self.request("POST", f"{ALLOCATIONS}/ssh-keys", json=body, idempotency_key=idempotency_key)
+        return SshKey.model_validate(data)
+
+    async def delete_ssh_key(self, key_id: Id) -> None:
+        await self.request("DELETE", f"{ALLOCATIONS}/ssh-keys/{key_id}")
+
+    async def ssh_grants(self, allocation_id: Id) -> list[SshGrant]:
+        data = await self.request("GET", f"{ALLOCATIONS}/allocations/{allocation_id}/ssh-grants")
+        return [SshGrant.model_validate(g) for g in data]
+
+    async def grant_ssh(
+        self, allocation_id: Id, user_id: Id, public_key: str, *, idempotency_key: str | None = None
+    ) -> SshGrant:
+        """Another project member's key on one allocation."""
+        body = {"user_id": s(user_id), "public_key": public_key}
+        data = await self.request(
+            "POST", f"{ALLOCATIONS}/allocations/{allocation_id}/ssh-grants", json=body, idempotency_key=idempotency_key
+        )
+        return SshGrant.model_validate(data)
+
+    async def revoke_ssh_grant(self, allocation_id: Id, grant_id: Id) -> SshGrant:
+        data = await self.request("DELETE", f"{ALLOCATIONS}/allocations/{allocation_id}/ssh-grants/{grant_id}")
+        return SshGrant.model_validate(data)
+
+    # --- volumes ---
+
+    async def volumes(self, project_id: Id) -> list[Volume]:
+        data = await self.request("GET", f"{ALLOCATIONS}/projects/{project_id}/volumes")
+        return [Volume.model_validate(v) for v in data]
+
+    async def create_volume(
+        self,
+        project_id: Id,
+        *,
+        name: str,
+        size_gb: int,
+        persist: bool = True,
+        access_mode: str = "single_writer",
+        idempotency_key: str | None = None,
+    ) -> Volume:
+        body = {"name": name, "size_gb": size_gb, "persist": persist, "access_mode": access_mode}
+        data = await self.request(
+            "POST", f"{ALLOCATIONS}/projects/{project_id}/volumes", json=body, idempotency_key=idempotency_key
+        )
+        return Volume.model_validate(data)
+
+    async def delete_volume(self, volume_id: Id) -> Volume:
+        return Volume.model_validate(await self.request("DELETE", f"{ALLOCATIONS}/volumes/{volume_id}"))

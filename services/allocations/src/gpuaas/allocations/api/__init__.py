@@ -1,0 +1,9 @@
+"""Allocations' HTTP surface, one router per audience: `users` (allocations, timeline, SSH keys and
+grants, volumes, quotas), `terminal` (the users' browser terminal), `operators` (hosts) and `agents`
+(the node agents, with their node token). Request and response models live in `schemas`."""
+
+from gpuaas.allocations.api import agents, operators, terminal, users
+
+routers = [users.router, operators.router, terminal.router, agents.router]
+
+__all__ = ["agents", "operators", "routers", "terminal", "users"]

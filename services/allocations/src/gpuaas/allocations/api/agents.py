@@ -1,0 +1,135 @@
+"""The node agents' routes: they dial out with their node token (never a user JWT).
+
+    POST /agent/register        inventory + SSH endpoint; returns the platform SSH CA key
+    POST /agent/heartbeat
+    GET  /agent/tasks?wait_s=   long-poll: leases the host's next tasks (in queue order)
+    POST /agent/tasks/{id}/progress   a step of the task (timeline entry); extends the lease
+    POST /agent/tasks/{id}/complete   the outcome, applied once (repeats are no-ops)
+
+Task wake-ups: the use case that queues a task sends `pg_notify('allocations_tasks', host_id)` in
+its transaction; every replica LISTENs (`listen_for_tasks`), so a long-poll on any replica returns
+right after commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from contextlib import suppress
+from typing import Any
+
+import asyncpg
+from fastapi import APIRouter, Query, Request
+
+from gpuaas.allocations import service
+from gpuaas.allocations.api.schemas import Completion, Progress, Register, Registered, Task
+from gpuaas.allocations.runtime import AllocationsRuntime
+from gpuaas.allocations.settings import Settings
+from gpuaas.kit.app import Kit, KitRuntime
+from gpuaas.kit.db import to_plain_url
+from gpuaas.kit.loops import run_periodically, wait_or_stop
+
+router = APIRouter(prefix="/agent", tags=["agent"])
+TASKS_CHANNEL = "allocations_tasks"
+
+
+async def listen_for_tasks(kit: KitRuntime) -> None:
+    """Background loop: LISTEN allocations_tasks and wake the long-polls of that host. While the listener
+    is down (logged, reconnected after 2 s) the long-polls fall back to polling every second."""
+    wakeups = kit.state_as(AllocationsRuntime).wakeups
+    dsn = to_plain_url(kit.settings.database_url.get_secret_value())
+
+    async def listen() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.add_listener(TASKS_CHANNEL, lambda _c, _p, _ch, payload: wakeups.notify(payload))
+            while not conn.is_closed() and not await wait_or_stop(kit.stopping, 5):
+                await conn.execute("SELECT 1")
+        finally:
+            if not conn.is_closed():
+                await conn.close()
+
+    await run_periodically(kit, "task_listener", 2.0, listen)
+
+
+def _token(request: Request) -> str | None:
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+@router.post("/register", response_model=Registered)
+async def register(kit: Kit, request: Request, body: Register) -> Registered:
+    runtime = kit.state_as(AllocationsRuntime)
+    async with kit.sessions() as session, session.begin():
+        state = await service.register_agent(
+            session,
+            _token(request),
+            agent_version=body.agent_version,
+            gpus=body.gpus,
+            inventory_source=body.inventory_source,
+            ssh_host=body.ssh_host,
+            ssh_port=body.ssh_port,
+        )
+    runtime.wakeups.notify(state.host_id)
+    return Registered(
+        host_id=state.host_id,
+        name=state.name,
+        status=state.status,
+        heartbeat_interval_s=kit.settings_as(Settings).agent_heartbeat_interval_s,
+        ssh_ca_public_key=runtime.terminal_ca.public,
+    )
+
+
+@router.post("/heartbeat")
+async def heartbeat(kit: Kit, request: Request) -> dict[str, Any]:
+    async with kit.sessions() as session, session.begin():
+        host = await service.heartbeat(session, _token(request))
+    return {"host_id": str(host.host_id), "status": host.status}
+
+
+@router.get("/tasks", response_model=list[Task])
+async def poll_tasks(kit: Kit, request: Request, wait_s: float = Query(20.0, ge=0, le=60)) -> list[Task]:
+    settings = kit.settings_as(Settings)
+    async with kit.sessions() as session:
+        host_id = await service.agent_host_id(session, _token(request))
+    wake = kit.state_as(AllocationsRuntime).wakeups.event(host_id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(wait_s, settings.agent_long_poll_max_s)
+    while True:
+        wake.clear()
+        if await request.is_disconnected():  # never lease tasks to a poll nobody reads any more
+            return []
+        async with kit.sessions() as session, session.begin():
+            tasks = await service.claim_tasks(session, host_id, lease_s=settings.agent_task_lease_s)
+        if tasks:
+            return tasks
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return []
+        with suppress(TimeoutError):  # woken by a task for this host, else poll again within a second
+            await asyncio.wait_for(wake.wait(), min(remaining, 1.0))
+
+
+@router.post("/tasks/{task_id}/progress", status_code=204)
+async def progress(kit: Kit, request: Request, task_id: uuid.UUID, body: Progress) -> None:
+    async with kit.sessions() as session, session.begin():
+        await service.report_progress(
+            session,
+            _token(request),
+            task_id,
+            phase=body.phase,
+            status=body.status,
+            message=body.message,
+            started_at=body.started_at,
+            finished_at=body.finished_at,
+            lease_s=kit.settings_as(Settings).agent_task_lease_s,
+        )
+
+
+@router.post("/tasks/{task_id}/complete")
+async def complete(kit: Kit, request: Request, task_id: uuid.UUID, body: Completion) -> dict[str, Any]:
+    async with kit.sessions() as session, session.begin():
+        applied = await service.complete_task(
+            session, _token(request), task_id, ok=body.ok, message=body.message, result=body.result
+        )
+    return {"applied": applied}

@@ -1,0 +1,86 @@
+"""What the use cases answer besides the contract states: small typed view models (pydantic, no I/O).
+
+Their class names are the API's response model names (OpenAPI components), so `api/schemas.py` re-exports
+them rather than defining look-alikes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+from gpuaas.contracts.events.allocations import AllocationState
+
+BodyT = TypeVar("BodyT")
+
+
+@dataclass(frozen=True)
+class AllocationChange(Generic[BodyT]):
+    """A change of (or on) an allocation: the answer, the allocation's version after it (the ETag) and
+    the host whose agent may have new work (woken at once after the commit)."""
+
+    body: BodyT
+    version: int
+    host_id: uuid.UUID | None
+
+
+class VolumeRef(BaseModel):
+    volume_id: uuid.UUID
+    name: str
+    persist: bool
+    access_mode: str
+    after_release: str
+
+
+class Allocation(AllocationState):
+    volumes: list[VolumeRef] = Field(default_factory=list)
+    after_release: str = Field(description="what persists after this allocation is released")
+    awaiting_release_clearance: bool = False
+
+
+class TimelineEntry(BaseModel):
+    seq: int
+    entry_id: uuid.UUID
+    phase: str
+    status: str
+    message: str
+    task_id: uuid.UUID | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+class SshKey(BaseModel):
+    key_id: uuid.UUID
+    name: str
+    public_key: str
+    fingerprint: str
+    created_at: datetime
+
+
+class Quota(BaseModel):
+    project_id: uuid.UUID
+    max_gpus: int | None
+    gpus_in_use: int = 0
+
+
+# An agent task as its agent leases it (no docstring: it would change the OpenAPI description).
+class Task(BaseModel):
+    task_id: uuid.UUID
+    kind: str
+    allocation_id: uuid.UUID | None
+    payload: dict[str, Any]
+    attempts: int
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class TerminalTarget:
+    """The SSH endpoint and account a browser terminal session opens."""
+
+    host: str
+    port: int
+    username: str

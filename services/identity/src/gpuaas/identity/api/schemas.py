@@ -1,0 +1,149 @@
+"""Request and response models of identity's API. The response models of what use cases answer as
+view models are those view models (re-exported from service/views.py); the others shape contract
+states (Tenant, Project, Idp) or documents (Discovery)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, EmailStr, Field
+
+from gpuaas.contracts.enums import Role
+from gpuaas.identity.service.views import (
+    AuditEntry,
+    AuditPage,
+    Granted,
+    KeyRotation,
+    Me,
+    Membership,
+    OAuthClient,
+    ServiceAccount,
+    ServiceAccountWithSecret,
+    SessionInfo,
+    TokenResponse,
+    User,
+    UserCreated,
+    UserStatus,
+)
+
+SLUG = r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$"
+DOMAIN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+$"
+__all__ = [
+    "DOMAIN",
+    "SLUG",
+    "AuditEntry",
+    "AuditPage",
+    "Discovery",
+    "Granted",
+    "Idp",
+    "IdpCreate",
+    "KeyRotation",
+    "Me",
+    "MemberAdd",
+    "Membership",
+    "OAuthClient",
+    "OAuthClientCreate",
+    "PlatformAdminAdd",
+    "PlatformUserCreate",
+    "Project",
+    "ProjectCreate",
+    "ServiceAccount",
+    "ServiceAccountCreate",
+    "ServiceAccountWithSecret",
+    "SessionInfo",
+    "Tenant",
+    "TenantCreate",
+    "TokenResponse",
+    "User",
+    "UserCreate",
+    "UserCreated",
+    "UserStatus",
+]
+
+
+class TenantCreate(BaseModel):
+    slug: str = Field(pattern=SLUG, description="lowercase letters, digits and dashes")
+    name: str = Field(min_length=1, max_length=200)
+
+
+class Tenant(BaseModel):
+    tenant_id: uuid.UUID
+    slug: str
+    name: str
+    status: str
+
+
+class ProjectCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=100)
+
+
+class Project(BaseModel):
+    project_id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    archived: bool
+
+
+class UserCreate(BaseModel):
+    email: EmailStr
+    password: str = Field(min_length=12, max_length=256)
+    display_name: str = Field("", max_length=200)
+    role: Role | None = Role.project_member
+    email_verified: bool = Field(False, description="the admin vouches for the address (used by federation)")
+
+
+class PlatformUserCreate(BaseModel):
+    email: EmailStr
+    password: str = Field(min_length=12, max_length=256)
+    display_name: str = Field("", max_length=200)
+
+
+class MemberAdd(BaseModel):
+    user_id: uuid.UUID
+    role: Role
+
+
+class PlatformAdminAdd(BaseModel):
+    user_id: uuid.UUID
+
+
+class ServiceAccountCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    scopes: list[str] = Field(min_length=1, max_length=20)
+
+
+class IdpCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=200)
+    issuer: str = Field(pattern=r"^https?://", max_length=500)
+    client_id: str = Field(min_length=1, max_length=300)
+    client_secret: str | None = Field(None, max_length=500)
+    domains: list[Annotated[str, Field(pattern=DOMAIN, max_length=253)]] = Field(min_length=1, max_length=50)
+    default_role: Role | None = Role.project_member
+    enforce_sso: bool = False
+
+
+class Idp(BaseModel):
+    idp_id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    issuer: str
+    domains: list[str]
+    default_role: Role | None
+    enforce_sso: bool
+    enabled: bool
+
+
+class Discovery(BaseModel):
+    email: str
+    account_type: Literal["personal", "work"]
+    login: Literal["password", "sso"]
+    tenant: dict[str, Any] | None
+    identity_provider: dict[str, Any] | None
+    tenant_hint: dict[str, Any] | None
+
+
+class OAuthClientCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=200)
+    redirect_uris: list[Annotated[str, Field(pattern=r"^https?://", max_length=500)]] = Field(min_length=1)
+    confidential: bool = True
