@@ -6,7 +6,8 @@ PYTHON ?= python3
 UV = $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 UV_RUN = $(UV) run --frozen
 
-.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench demo test-kafka test-faults test-badinput kafka-jars console
+.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench demo test-kafka test-faults test-badinput kafka-jars console contracts-wheel chart-check \
+	observability-check
 
 ## run: install, then start Postgres, Kafka (Tansu), every service and the gateway; Ctrl-C stops all
 run: install
@@ -74,18 +75,56 @@ lint: install
 	$(UV_RUN) ruff format --check .
 	$(UV_RUN) lint-imports
 
+## observability-check: alert rules (promtool check + unit tests), scrape configs and Grafana dashboards
+##                      (JSON, PromQL, metric names) of deploy/observability, and the metric naming rules
+OBS := deploy/observability
+observability-check: install
+	promtool check rules $(OBS)/prometheus/alerts.yml
+	promtool test rules $(OBS)/prometheus/tests/alerts_test.yml
+	promtool check config $(OBS)/prometheus/prometheus.yml $(OBS)/prometheus/prometheus-local.yml
+	$(PYTEST) $(OBS)/tests libs/kit/tests/test_metrics_names.py
+
 ## demo: the golden path (tenant → allocations → Slurm → billing → audit) against a running `make run`, step by step
 demo: install
 	$(UV_RUN) python scripts/demo.py
 
-## bench: the event pipeline benchmark (prints figures; see bench/)
+## contracts-wheel: the standalone gpuaas-contracts wheel in dist/contracts (pydantic only; its JSON Schemas and
+##                  AsyncAPI document inside), installed in fresh virtualenvs without the platform and checked
+##                  (import, an event validated, packaged schemas == code; the [faststream] extra imports)
+contracts-wheel: install
+	$(UV_RUN) python scripts/contracts_wheel.py
+
+## chart-check: render deploy/helm/gpuaas with the real helm for every value set in its ci/ folder and validate
+##              every object offline against the Kubernetes $(KUBE_VERSION) schemas (and the ServiceMonitor against
+##              the Prometheus Operator CRD); helm is built once with Go into ~/.cache/gpuaas (scripts/chart_check.py)
+HELM_VERSION := v3.22.0
+HELM := $(HOME)/.cache/gpuaas/helm-$(HELM_VERSION)/helm
+PROMETHEUS_OPERATOR := github.com/prometheus-operator/prometheus-operator@v0.85.0
+KUBE_VERSION ?= 1.33.0
+$(HELM):
+	@command -v go >/dev/null || { echo "Go is needed to build helm (go install helm.sh/helm/v3/cmd/helm)" >&2; exit 1; }
+	GOBIN=$(dir $(HELM)) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+chart-check: ensure-uv $(HELM)
+	@set -euo pipefail; \
+	module=$$(cd / && GOWORK=off go mod download -json $(PROMETHEUS_OPERATOR) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p'); \
+	$(UV_RUN) python scripts/chart_check.py --helm $(HELM) --kube-version $(KUBE_VERSION) \
+		--crds "$$module/example/prometheus-operator-crd"
+
+## bench: every benchmark, one after the other (each prints its figures and writes bench/results/<name>.json;
+##        see bench/README.md): event pipeline, FastStream consumer, metering, allocations, gateway vs nginx, load
+BENCHES := event_pipeline faststream_consumer metering allocations gateway load
 bench: install
-	$(UV_RUN) python bench/event_pipeline.py
+	@set -e; for b in $(BENCHES); do echo "== bench/$$b.py"; $(UV_RUN) python bench/$$b.py; done
 
 # Debian packages used by the tests: the OCI registry and image tools (catalog trust), Chromium (console
 # browser tests), Slurm 22.05 + munge + slurmdbd on MariaDB + PMIx (the Slurm reference controller). Java 17
-# and Maven (Apache Kafka for make test-kafka / test-faults) come with the machine image.
-APT_PACKAGES := docker-registry skopeo umoci chromium slurm-wlm slurmdbd munge mariadb-server libpmix-dev
+# and Maven (Apache Kafka for make test-kafka / test-faults) come with the machine image. prometheus: promtool for
+# make observability-check, and the server tests/e2e/test_business_metrics.py scrapes the stack with. nginx-light:
+# the standard proxy bench/gateway.py measures the gateway against (the bench runs its own nginx from a config it
+# writes; the package's own service, if the install started one, is not used).
+APT_PACKAGES := docker-registry skopeo umoci chromium slurm-wlm slurmdbd munge mariadb-server libpmix-dev prometheus \
+	nginx-light
 deps-apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

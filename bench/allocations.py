@@ -69,6 +69,9 @@ async def main(latency_n: int, concurrent: int) -> None:
         app = await service_app(SPEC, admin, broker.bootstrap, log_level="WARNING", agent_heartbeat_timeout_s=60.0)
         key = ECKey.generate_key("P-256", parameters={"kid": "bench", "alg": "ES256", "use": "sig"})
         sock = socket.socket()
+        # Accepted connections inherit TCP_NODELAY: without it a kept-alive connection's small responses
+        # can wait on Nagle + the client's delayed ACK (~40 ms a request).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         server = _Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
@@ -76,6 +79,9 @@ async def main(latency_n: int, concurrent: int) -> None:
         await wait_for(lambda: server.started, 60, "server")
         kit = app.state.kit
         kit.verifier.jwks.set(KeySet([key]).as_dict(private=False))
+        # Pinned: after its TTL (5 minutes) the cache would refetch from the default identity URL, which
+        # does not run here, and every refetch attempt would land on a measured request.
+        kit.verifier.jwks.ttl_s = float("inf")
         op, user, tenant, project = (uuid.uuid4() for _ in range(4))
         events = [
             ev.MembershipGranted.build(

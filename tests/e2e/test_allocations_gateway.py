@@ -6,10 +6,6 @@ the agent), release, timeline."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,38 +14,13 @@ import httpx
 import pytest
 import websockets
 
+from gpuaas.devstack.golden_path.actors import ssh_connect, start_agent
+from gpuaas.devstack.infra import stop_process
+from gpuaas.devstack.pytest_plugin import target_of
 from gpuaas.devstack.stack import Stack
 from gpuaas.devstack.waiting import eventually
 
 pytestmark = pytest.mark.e2e
-
-
-def start_agent(stack: Stack, token: str, name: str, gpus: str) -> subprocess.Popen:
-    state = stack.root / "agents" / name
-    state.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "GPUAAS_AGENT_SERVER_URL": stack.service_url("allocations"),
-        "GPUAAS_AGENT_NODE_TOKEN": token,
-        "GPUAAS_AGENT_STATE_DIR": str(state),
-        "GPUAAS_AGENT_GPUS": gpus,
-        "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
-        "GPUAAS_AGENT_LONG_POLL_S": "5",
-    }
-    log = open(stack.logs_dir / f"agent-{name}.log", "ab")  # noqa: SIM115 - handed to the child
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpuaas.node_agent"], env=env, stdout=log, stderr=log, start_new_session=True
-    )
-
-
-def stop_agent(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 async def login(stack: Stack, email: str, password: str) -> httpx.AsyncClient:
@@ -63,17 +34,8 @@ async def login(stack: Stack, email: str, password: str) -> httpx.AsyncClient:
 
 
 async def ssh(alloc: dict, key: asyncssh.SSHKey, command: str) -> str | None:
-    ep = alloc["ssh_endpoint"]
     try:
-        async with asyncssh.connect(
-            ep["host"],
-            ep["port"],
-            username=ep["username"],
-            client_keys=[key],
-            known_hosts=None,
-            agent_path=None,
-            config=None,
-        ) as conn:
+        async with ssh_connect(alloc["ssh_endpoint"], key) as conn:
             return (await conn.run(command, check=False, timeout=20)).stdout
     except asyncssh.PermissionDenied:
         return None
@@ -113,7 +75,7 @@ async def test_allocation_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
     r = await gw.post("/api/allocations/hosts", json={"name": name, "host_class": name})
     assert r.status_code == 201, r.text
     host = r.json()
-    agent = start_agent(stack, host["node_token"], name, "8xH100-80GB")
+    agent = start_agent(target_of(stack), host["node_token"], name, "8xH100-80GB")
     try:
 
         async def ready() -> bool:
@@ -193,10 +155,10 @@ async def test_allocation_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
         # The service restarts; the agent keeps working with it. Then the agent restarts.
         await asyncio.to_thread(stack.kill, "allocations")
         await asyncio.to_thread(stack.start_service, "allocations")
-        stop_agent(agent)
+        stop_process(agent)
         r = await alice.post(f"/api/allocations/allocations/{aid}/restart")
         assert r.status_code == 202, r.text
-        agent = start_agent(stack, host["node_token"], name, "8xH100-80GB")
+        agent = start_agent(target_of(stack), host["node_token"], name, "8xH100-80GB")
         restarted = await status("active")
         assert restarted["ssh_endpoint"] == alloc["ssh_endpoint"]
         assert (await ssh(restarted, alice_key, "echo again")) == "again\n"
@@ -228,4 +190,4 @@ async def test_allocation_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
         assert (await eventually(local_active, 60, "allocation on local-a100"))["ssh_endpoint"]
         await alice.post(f"/api/allocations/allocations/{local['allocation_id']}/release")
     finally:
-        stop_agent(agent)
+        stop_process(agent)

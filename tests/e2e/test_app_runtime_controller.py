@@ -28,6 +28,9 @@ import httpx
 import pytest
 
 from gpuaas.contracts.events import catalog as cat
+from gpuaas.devstack.golden_path.actors import start_agent
+from gpuaas.devstack.infra import stop_process
+from gpuaas.devstack.pytest_plugin import target_of
 from gpuaas.devstack.stack import Stack
 from gpuaas.devstack.waiting import eventually
 from gpuaas.kit.db import create_engine, session_factory
@@ -39,34 +42,6 @@ from .app_runtime_controller import SshSlurm, controller_client
 
 pytestmark = pytest.mark.e2e
 PASSWORD = "correct-horse-battery"
-
-
-def start_agent(stack: Stack, token: str, name: str, gpus: str) -> subprocess.Popen:
-    state = stack.root / "agents" / name
-    state.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "GPUAAS_AGENT_SERVER_URL": stack.service_url("allocations"),
-        "GPUAAS_AGENT_NODE_TOKEN": token,
-        "GPUAAS_AGENT_STATE_DIR": str(state),
-        "GPUAAS_AGENT_GPUS": gpus,
-        "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
-        "GPUAAS_AGENT_LONG_POLL_S": "5",
-    }
-    log = open(stack.logs_dir / f"agent-{name}.log", "ab")  # noqa: SIM115 - handed to the child
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpuaas.node_agent"], env=env, stdout=log, stderr=log, start_new_session=True
-    )
-
-
-def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 async def publish_as_catalog(stack: Stack, events: list[Any]) -> None:
@@ -113,7 +88,7 @@ async def world(stack: Stack, gw: httpx.AsyncClient) -> AsyncIterator[dict[str, 
     ctl = controller_client(stack.gateway_url, sa["client_id"], sa["client_secret"])
 
     host = (await gw.post("/api/allocations/hosts", json={"name": f"app-{run}"})).json()
-    agent = start_agent(stack, host["node_token"], f"app-{run}", "8xH100-80GB")
+    agent = start_agent(target_of(stack), host["node_token"], f"app-{run}", "8xH100-80GB")
     slug = f"slurm-{run}"
     now = datetime.now(UTC)
     manifest = cat.AppManifestState(

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,12 @@ import asyncssh
 import httpx
 import pytest
 
+from gpuaas.devstack.golden_path.actors import start_agent
+from gpuaas.devstack.infra import stop_process
+from gpuaas.devstack.pytest_plugin import new_team, target_of
 from gpuaas.devstack.stack import Stack
 from gpuaas.devstack.waiting import eventually
 
-from .test_allocations_gateway import start_agent, stop_agent
 from .test_console import APP, enable_app, registry, start_controller
 
 __all__ = ["registry"]  # the module fixture (a real OCI registry for the seed catalog)
@@ -69,32 +70,13 @@ class Cli:
 
 
 async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, registry: Any, tmp_path: Path) -> None:
-    run = uuid.uuid4().hex[:6]
-    r = await gw.post("/api/identity/tenants", json={"slug": f"cli-{run}", "name": f"CLI {run}"})
-    assert r.status_code == 201, r.text
-    tid = r.json()["tenant_id"]
-    r = await gw.post(f"/api/identity/tenants/{tid}/projects", json={"name": "cli"})
-    assert r.status_code == 201, r.text
-    pid = r.json()["project_id"]
-    email = f"grace-{run}@cli-{run}.example.com"
-    r = await gw.post(f"/api/identity/tenants/{tid}/users", json={"email": email, "password": PASSWORD, "role": None})
-    assert r.status_code == 201, r.text
-    member = {"user_id": r.json()["user_id"], "role": "project_admin"}
-    r = await gw.post(f"/api/identity/projects/{pid}/members", json=member)
-    assert r.status_code == 201, r.text
-    r = await gw.post(
-        f"/api/identity/tenants/{tid}/users",
-        json={"email": f"hal-{run}@cli-{run}.example.com", "password": PASSWORD, "role": None},
-    )
-    assert r.status_code == 201, r.text
-    colleague = r.json()["user_id"]
-    r = await gw.post(f"/api/identity/projects/{pid}/members", json={"user_id": colleague, "role": "project_member"})
-    assert r.status_code == 201, r.text
+    team = await new_team(gw, "cli", "CLI", "cli", "grace", "hal", PASSWORD)
+    run, tid, pid, email, colleague = team.run, team.tenant_id, team.project_id, team.admin_email, team.member_id
     host_class = f"cli-{run}"
     r = await gw.post("/api/allocations/hosts", json={"name": host_class, "host_class": host_class})
     assert r.status_code == 201, r.text
     host = r.json()
-    agent = start_agent(stack, host["node_token"], host_class, "4xH100-80GB")
+    agent = start_agent(target_of(stack), host["node_token"], host_class, "4xH100-80GB")
     cli = Cli(stack, tmp_path / "config.json")
     controller = None
     try:
@@ -241,5 +223,5 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         assert rc == 1 and "gpuaas login" in err
     finally:
         if controller is not None:
-            stop_agent(controller)
-        stop_agent(agent)
+            stop_process(controller)
+        stop_process(agent)

@@ -26,11 +26,12 @@ import asyncssh
 import httpx
 import pytest
 
+from gpuaas.devstack.golden_path.actors import start_agent
+from gpuaas.devstack.infra import stop_process
+from gpuaas.devstack.pytest_plugin import new_team, target_of
 from gpuaas.devstack.registry import LocalRegistry
 from gpuaas.devstack.stack import Stack
 from gpuaas.devstack.waiting import eventually
-
-from .test_allocations_gateway import start_agent, stop_agent
 
 pytestmark = pytest.mark.e2e
 
@@ -145,28 +146,9 @@ def registry():
 
 async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, registry: LocalRegistry) -> None:
     await console_served(stack, gw)
-    run = uuid.uuid4().hex[:6]
-    r = await gw.post("/api/identity/tenants", json={"slug": f"web-{run}", "name": f"Web {run}"})
-    assert r.status_code == 201, r.text
-    tid = r.json()["tenant_id"]
-    r = await gw.post(f"/api/identity/tenants/{tid}/projects", json={"name": "console"})
-    assert r.status_code == 201, r.text
-    pid = r.json()["project_id"]
-    email = f"ada-{run}@web-{run}.example.com"
-    r = await gw.post(f"/api/identity/tenants/{tid}/users", json={"email": email, "password": PASSWORD, "role": None})
-    assert r.status_code == 201, r.text
-    member = {"user_id": r.json()["user_id"], "role": "project_admin"}
-    r = await gw.post(f"/api/identity/projects/{pid}/members", json=member)
-    assert r.status_code == 201, r.text
-    # A second project member, whom the browser grants SSH access to an allocation.
-    r = await gw.post(
-        f"/api/identity/tenants/{tid}/users",
-        json={"email": f"bob-{run}@web-{run}.example.com", "password": PASSWORD, "role": None},
-    )
-    assert r.status_code == 201, r.text
-    colleague = r.json()["user_id"]
-    r = await gw.post(f"/api/identity/projects/{pid}/members", json={"user_id": colleague, "role": "project_member"})
-    assert r.status_code == 201, r.text
+    # ada administers the project; bob, a second member, is whom the browser grants SSH access to an allocation.
+    team = await new_team(gw, "web", "Web", "console", "ada", "bob", PASSWORD)
+    run, tid, pid, email, colleague = team.run, team.tenant_id, team.project_id, team.admin_email, team.member_id
     colleague_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     # A price that makes a minute of one GPU visible.
     r = await gw.post(
@@ -186,7 +168,7 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
     r = await gw.post("/api/allocations/hosts", json={"name": host_class, "host_class": host_class})
     assert r.status_code == 201, r.text
     host = r.json()
-    agent = start_agent(stack, host["node_token"], host_class, "4xL40S-48GB")
+    agent = start_agent(target_of(stack), host["node_token"], host_class, "4xL40S-48GB")
     controller = None
     try:
 
@@ -277,5 +259,5 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
         assert len(budgets) == 1 and budgets[0]["limit_amount"] == 250 and budgets[0]["currency"] == "USD"
     finally:
         if controller is not None:
-            stop_agent(controller)
-        stop_agent(agent)
+            stop_process(controller)
+        stop_process(agent)

@@ -141,7 +141,7 @@ async def test_c_relay_killed_after_publish_before_mark(stack: Stack) -> None:
     assert unsent >= n, "the batch must still be marked unsent after the crash"
     # The broker already holds the batch: identity applies it once...
     await eventually(lambda: _is(applied(stack, run), (n, n)), 60, "first delivery applied")
-    duplicates_before = await metric(stack, "identity", "gpuaas_identity_events_duplicate_total")
+    duplicates_before = await metric(stack, "identity", "gpuaas_events_duplicate_total")
     # ...and the restarted relay publishes it again, which the inbox swallows.
     await asyncio.to_thread(stack.start_service, "allocations")
     await eventually(
@@ -151,7 +151,7 @@ async def test_c_relay_killed_after_publish_before_mark(stack: Stack) -> None:
     )
 
     async def deduped() -> bool:
-        return await metric(stack, "identity", "gpuaas_identity_events_duplicate_total") >= duplicates_before + n
+        return await metric(stack, "identity", "gpuaas_events_duplicate_total") >= duplicates_before + n
 
     await eventually(deduped, 60, "the second copy reaching identity's inbox")
     assert await applied(stack, run) == (n, n)
@@ -178,7 +178,7 @@ async def test_d_broker_restart_then_replay(stack: Stack) -> None:
     )
 
     async def replay_deduped() -> bool:
-        return await metric(stack, "identity", "gpuaas_identity_events_duplicate_total") >= n
+        return await metric(stack, "identity", "gpuaas_events_duplicate_total") >= n
 
     await eventually(replay_deduped, 120, "replayed events reaching identity's inbox")
     await commit_through_outbox(stack, run, m, first=n)  # new events after the restart

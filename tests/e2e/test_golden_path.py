@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuaas.devstack.golden_path import Target, golden_path
+from gpuaas.devstack.golden_path import golden_path
+from gpuaas.devstack.pytest_plugin import target_of
 from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 from gpuaas.devstack.stack import Stack
 
@@ -28,8 +29,7 @@ def registry() -> Iterator[LocalRegistry]:
 
 
 async def test_golden_path(stack: Stack, registry: LocalRegistry) -> None:
-    target = Target(stack.gateway_url, stack.service_url("allocations"), stack.admin_login, stack.root, stack.logs_dir)
-    steps = await golden_path(target, registry.address)
+    steps = await golden_path(target_of(stack), registry.address)
     names = [s["step"][:2].strip() for s in steps]
     assert names[:4] == ["1", "2", "3", "4a"] and names[-1] == "7", steps
     assert sum(s["seconds"] for s in steps) < 360, steps  # the bound: under ~6 minutes

@@ -202,8 +202,8 @@ async def test_health_readiness_and_metrics(app_client) -> None:  # type: ignore
     ready = await client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"]["database"] and ready.json()["checks"]["broker"]
     metrics = (await client.get("/metrics")).text
-    assert "_http_request_duration_seconds_bucket" in metrics and "_dead_letters " in metrics
-    assert "_outbox_lag_events" in metrics
+    assert "gpuaas_http_request_duration_seconds_bucket{" in metrics and "gpuaas_dead_letters{" in metrics
+    assert "gpuaas_outbox_pending_events{" in metrics and "gpuaas_outbox_lag_seconds{" in metrics
 
 
 async def test_chunked_body_over_the_limit_is_413_not_a_read_error(app_client, signer) -> None:  # type: ignore[no-untyped-def]

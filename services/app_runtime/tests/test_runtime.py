@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape
@@ -236,8 +238,22 @@ async def test_controller_drives_the_cluster_lifecycle(rt, world: World) -> None
     await expect("credential_not_found", 404, ctl.fetch_credential(instance_id))
 
 
+async def scrape(rt) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:  # type: ignore[no-untyped-def]
+    """The service's /metrics, by (name, sorted labels)."""
+    async with httpx.AsyncClient(base_url=rt.url, timeout=30) as c:
+        body = (await c.get("/metrics")).text
+    return {
+        (m.name, tuple(sorted(m.labels.items()))): m.value
+        for f in text_string_to_metric_families(body)
+        for m in f.samples
+    }
+
+
 async def test_killed_controller_lease_expires_and_another_replica_finishes(rt, world: World) -> None:  # type: ignore[no-untyped-def]
     w = world
+    expiries = (await scrape(rt)).get(
+        ("gpuaas_member_operation_lease_expiries_total", (("service", "app_runtime"),)), 0
+    )
     user = w.user(w.admin)
     instance_id, (_a_ctl, a_w1) = await deployed(w)
     hanging = FakeSlurm()
@@ -273,6 +289,14 @@ async def test_killed_controller_lease_expires_and_another_replica_finishes(rt, 
     assert done.status == "succeeded" and done.attempt == 2 and "replica-2" in (done.claimed_by or "")
     assert any("expired" in e.message for e in await user.timeline(instance_id))
     assert await rt.outbox("member_operation.requeued", op.operation_id)
+    # issue 16: the expiry is counted once (reconciler or re-claim), the operations gauge reads the table
+    samples = await scrape(rt)
+    assert samples[("gpuaas_member_operation_lease_expiries_total", (("service", "app_runtime"),))] == expiries + 1
+    async with rt.kit.sessions() as s:
+        sql = "SELECT count(*) FROM operations WHERE kind = 'add' AND status = 'succeeded'"
+        succeeded = (await s.execute(text(sql))).scalar_one()
+    key = (("kind", "add"), ("service", "app_runtime"), ("status", "succeeded"))
+    assert samples[("gpuaas_member_operations", key)] == succeeded >= 2
 
 
 async def test_operator_retry_cancel_force_fail(rt, world: World) -> None:  # type: ignore[no-untyped-def]

@@ -134,6 +134,48 @@ async def test_the_database_refuses_double_charges_unbalanced_and_rewritten_entr
     assert await q(kit, "SELECT count(*) FROM ledger_entries WHERE transaction_id = :t", t=txn) == 2
 
 
+async def test_the_balance_is_checked_once_per_database_transaction_over_every_touched_entry(billing) -> None:  # type: ignore[no-untyped-def]
+    """billing_0003: one statement-level note per insert, one check at commit over all touched ledger
+    transactions; a rolled-back savepoint takes its entries with it; nothing pending between transactions."""
+    _, kit, w = billing
+
+    def tx(t: uuid.UUID) -> str:
+        return (
+            "INSERT INTO ledger_transactions (transaction_id, usage_record_id, tenant_id, currency, memo) "
+            f"VALUES ('{t}', '{uuid.uuid4()}', '{w['t1']}', 'USD', 'test')"
+        )
+
+    def entries(*rows: tuple[uuid.UUID, str, str]) -> str:
+        values = ", ".join(f"('{uuid.uuid4()}', '{t}', 'a', '{side}', {amount}, 'USD')" for t, side, amount in rows)
+        return f"INSERT INTO ledger_entries (entry_id, transaction_id, account, side, amount, currency) VALUES {values}"
+
+    good, bad, later = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    # One statement with many ledger transactions, one of them unbalanced: the commit refuses all of it.
+    with pytest.raises(DBAPIError, match=f"ledger transaction {bad} does not balance"):
+        async with kit.sessions() as s, s.begin():
+            for t in (good, bad):
+                await s.execute(text(tx(t)))
+            await s.execute(text(entries((good, "debit", "5"), (good, "credit", "5"), (bad, "debit", "3"))))
+            await s.execute(text(entries((bad, "credit", "2.99"))))
+    assert await q(kit, "SELECT count(*) FROM ledger_transactions WHERE transaction_id IN (:a, :b)", a=good, b=bad) == 0
+    # Balanced over several statements; an unbalanced part in a rolled-back savepoint leaves no trace.
+    async with kit.sessions() as s, s.begin():
+        for t in (good, later):
+            await s.execute(text(tx(t)))
+        await s.execute(text(entries((good, "debit", "5"))))
+        with pytest.raises(DBAPIError, match="boom"):
+            async with s.begin_nested():
+                await s.execute(text(entries((later, "debit", "1"))))
+                await s.execute(text("DO $$ BEGIN RAISE EXCEPTION 'boom'; END $$"))
+        await s.execute(text(entries((good, "credit", "5"), (later, "debit", "1"), (later, "credit", "1"))))
+    assert await q(kit, "SELECT count(*) FROM ledger_entries WHERE transaction_id IN (:a, :b)", a=good, b=later) == 4
+    assert await q(kit, "SELECT count(*) FROM ledger_balance_pending") == 0
+    # A later database transaction adding an unbalancing entry to a committed ledger transaction is refused.
+    with pytest.raises(DBAPIError, match=f"ledger transaction {good} does not balance"):
+        async with kit.sessions() as s, s.begin():
+            await s.execute(text(entries((good, "debit", "0.01"))))
+
+
 async def test_usage_without_a_price_waits_and_is_rated_when_one_is_published(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
     client, kit, w = billing
     start = now() - timedelta(hours=3)

@@ -123,5 +123,5 @@ async def test_snapshot_pages_full_state_and_metrics_count(world, flows) -> None
     r = await world.client.get("/snapshot/nonsense", headers=world.op)
     assert r.status_code == 422
     text = (await world.client.get("/metrics")).text
-    assert 'gpuaas_catalog_artifact_verifications_total{outcome="verified"}' in text
-    assert 'gpuaas_catalog_artifact_transitions_total{to="active"}' in text
+    assert 'gpuaas_artifact_verifications_total{outcome="verified",service="catalog"}' in text
+    assert 'gpuaas_artifact_transitions_total{service="catalog",to="active"}' in text

@@ -50,10 +50,11 @@ async def test_metrics_count_upstream_requests_by_service_and_status(stack, gate
         await client.get("/api/catalog/teapot", headers=stack.bearer())
         await client.get("/api/catalog/echo")  # refused at the edge: not counted upstream
         text = (await client.get("/metrics")).text
-    assert 'gpuaas_gateway_upstream_requests_total{service="catalog",status="200"} 1.0' in text
-    assert 'gpuaas_gateway_upstream_requests_total{service="catalog",status="418"} 2.0' in text
-    assert 'gpuaas_gateway_auth_rejected_total{code="missing_token"} 1.0' in text
-    assert "gpuaas_gateway_http_request_duration_seconds_bucket" in text
+    assert 'gpuaas_upstream_requests_total{service="gateway",status="200",upstream="catalog"} 1.0' in text
+    assert 'gpuaas_upstream_requests_total{service="gateway",status="418",upstream="catalog"} 2.0' in text
+    assert 'gpuaas_auth_rejected_total{code="missing_token",service="gateway"} 1.0' in text
+    buckets = [line for line in text.splitlines() if line.startswith("gpuaas_http_request_duration_seconds_bucket{")]
+    assert buckets and all('service="gateway"' in line for line in buckets)
 
 
 def test_settings_read_upstreams_from_env_as_json(monkeypatch):

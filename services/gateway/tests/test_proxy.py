@@ -129,7 +129,8 @@ async def test_upstream_down_is_502_problem(stack, gateway):
     assert resp.headers["content-type"] == "application/problem+json"
     assert body["code"] == "upstream_unavailable"
     assert body["correlation_id"] == resp.headers["x-correlation-id"]
-    assert 'gpuaas_gateway_upstream_requests_total{service="billing",status="unavailable"} 1.0' in metrics.text
+    unavailable = 'gpuaas_upstream_requests_total{service="gateway",status="unavailable",upstream="billing"} 1.0'
+    assert unavailable in metrics.text
 
 
 async def test_upstream_timeout_is_504_problem(stack):

@@ -65,7 +65,7 @@ async def test_gateway_answers_429_after_burst_per_principal(stack, clock):
     assert other.status_code == 200
     assert still_limited.status_code == 429
     assert refilled.status_code == 200
-    assert "gpuaas_gateway_rate_limited_total 2.0" in metrics.text
+    assert 'gpuaas_rate_limited_total{service="gateway"} 2.0' in metrics.text
 
 
 async def test_anonymous_and_failed_requests_are_limited_by_address(stack, clock):

@@ -210,17 +210,19 @@ def ssh(
 def _change(
     ctx: typer.Context,
     allocation_id: str,
-    request: Callable[[Client], Awaitable[Allocation]],
     wait: bool,
     timeout: float,
     done: set[AllocationStatus],
+    request: Callable[..., Awaitable[Allocation]],
+    *args: Any,
 ) -> None:
-    """One change of an allocation (`request`), followed to one of `done` with --wait."""
+    """One change of an allocation: the client's `request(allocation_id, *args)` under a new idempotency
+    key, followed to one of `done` with --wait."""
     st = state_of(ctx)
 
     async def go() -> Allocation:
         async with client(st) as c:
-            a = await request(c)
+            a = await request(c, allocation_id, *args, idempotency_key=new_key())
             if wait:
                 a = await wait_allocation(st, c, allocation_id, done, timeout)
             return a
@@ -234,50 +236,22 @@ def _change(
 @app.command("restart")
 def restart(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
     """Restart in place (same id, host, endpoint, keys and volumes)."""
-    _change(
-        ctx,
-        allocation_id,
-        lambda c: c.restart_allocation(allocation_id, idempotency_key=new_key()),
-        wait,
-        timeout,
-        RUNNING_OR_FAILED,
-    )
+    _change(ctx, allocation_id, wait, timeout, RUNNING_OR_FAILED, Client.restart_allocation)
 
 
 @app.command("resize")
 def resize(ctx: typer.Context, allocation_id: str, gpus: int, wait: Wait = False, timeout: Timeout = 300) -> None:
     """Change the GPU count of a gpu_slice allocation."""
-    _change(
-        ctx,
-        allocation_id,
-        lambda c: c.resize_allocation(allocation_id, gpus, idempotency_key=new_key()),
-        wait,
-        timeout,
-        RUNNING_OR_FAILED,
-    )
+    _change(ctx, allocation_id, wait, timeout, RUNNING_OR_FAILED, Client.resize_allocation, gpus)
 
 
 @app.command("release")
 def release(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
     """Release (billing stops at the request)."""
-    _change(
-        ctx,
-        allocation_id,
-        lambda c: c.release_allocation(allocation_id, idempotency_key=new_key()),
-        wait,
-        timeout,
-        RELEASED_OR_FAILED,
-    )
+    _change(ctx, allocation_id, wait, timeout, RELEASED_OR_FAILED, Client.release_allocation)
 
 
 @app.command("retry-release")
 def retry_release(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
     """Retry a release that failed."""
-    _change(
-        ctx,
-        allocation_id,
-        lambda c: c.retry_release_allocation(allocation_id, idempotency_key=new_key()),
-        wait,
-        timeout,
-        RELEASED_OR_FAILED,
-    )
+    _change(ctx, allocation_id, wait, timeout, RELEASED_OR_FAILED, Client.retry_release_allocation)

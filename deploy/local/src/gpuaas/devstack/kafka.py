@@ -13,6 +13,13 @@ unlike Tansu, whose memory storage loses everything.
 
 `python -m gpuaas.devstack.kafka start --dir DIR --port PORT` runs it in the background (pid file in
 DIR) for `make test-kafka`; `... stop --dir DIR` stops it.
+
+With `sasl_users` (`--sasl-user NAME=PASSWORD`) it also serves a SASL_PLAINTEXT listener (`sasl_bootstrap`,
+mechanism PLAIN, those JAAS users), or SASL_SSL with `tls` (`--tls`: a CA and a server certificate for
+127.0.0.1 made with openssl in DIR/tls, the CA at `ca_file`); with `acls` (`--acls`) the StandardAuthorizer
+refuses whatever no ACL allows, except to `super_users` (`--super-user NAME`). The PLAINTEXT listener stays
+for the broker's own traffic (its principal, ANONYMOUS, is a super user): loopback only, a test broker.
+`create_acls` grants.
 """
 
 from __future__ import annotations
@@ -126,6 +133,14 @@ class ApacheKafka:
     log_path: Path | None = None
     version: str = KAFKA_VERSION
     heap: str = "512m"
+    # SASL_PLAINTEXT listener (PLAIN) with these users (name -> password) on `sasl_port` (0: a free port).
+    sasl_users: dict[str, str] = field(default_factory=dict)
+    sasl_port: int = 0
+    # That listener over TLS (SASL_SSL), with a certificate from a CA of its own (`ca_file`).
+    tls: bool = False
+    # The StandardAuthorizer: only ACLs (and these super users, besides the broker's own) allow anything.
+    acls: bool = False
+    super_users: tuple[str, ...] = ()
     proc: subprocess.Popen | None = field(default=None, init=False)
     started_at: float = field(default=0.0, init=False)
     controller_port: int = field(default=0, init=False)
@@ -133,6 +148,45 @@ class ApacheKafka:
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        if not self.sasl_users:
+            raise KafkaError("this broker has no SASL listener (sasl_users)")
+        return f"{self.host}:{self.sasl_port}"
+
+    @property
+    def sasl_protocol(self) -> str:
+        return "SASL_SSL" if self.tls else "SASL_PLAINTEXT"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.data_dir / "tls" / "ca.crt"
+
+    def _make_certificates(self) -> None:
+        """A CA and a certificate for the host (PKCS#8 key + certificate in one PEM keystore), once."""
+        tls = self.ca_file.parent
+        if (tls / "keystore.pem").exists():
+            return
+        openssl = shutil.which("openssl")
+        if not openssl:
+            raise KafkaError("a TLS listener needs the openssl command")
+        tls.mkdir(parents=True, exist_ok=True)
+        (tls / "ext.cnf").write_text(f"subjectAltName=IP:{self.host},DNS:localhost\n")
+        steps = [
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "30",
+             "-subj", "/CN=gpuaas-devstack-ca"],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+             "-subj", f"/CN={self.host}"],
+            ["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", "server.crt", "-days", "30", "-extfile", "ext.cnf"],
+            ["pkcs8", "-topk8", "-nocrypt", "-in", "server.key", "-out", "server.pk8"],
+        ]  # fmt: skip
+        for step in steps:
+            result = subprocess.run([openssl, *step], cwd=tls, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise KafkaError(f"openssl {step[0]} failed: {result.stderr}")
+        (tls / "keystore.pem").write_text((tls / "server.pk8").read_text() + (tls / "server.crt").read_text())
 
     @property
     def config_path(self) -> Path:
@@ -154,17 +208,38 @@ class ApacheKafka:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def _security_properties(self) -> list[str]:
+        lines = []
+        if self.sasl_users:
+            users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
+            jaas = f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            listener = self.sasl_protocol.lower()
+            lines += ["sasl.enabled.mechanisms=PLAIN", f"listener.name.{listener}.plain.sasl.jaas.config={jaas}"]
+        if self.tls:
+            keystore = self.ca_file.parent / "keystore.pem"
+            lines += ["ssl.keystore.type=PEM", f"ssl.keystore.location={keystore}", "ssl.client.auth=none"]
+        if self.acls:
+            supers = ";".join(f"User:{u}" for u in ("ANONYMOUS", *self.super_users))
+            lines += [
+                "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                f"super.users={supers}",
+            ]
+        return lines
+
     def _properties(self) -> str:
+        sasl = f"{self.sasl_protocol}://{self.host}:{self.sasl_port}," if self.sasl_users else ""
         return "\n".join(
             [
                 "process.roles=broker,controller",
                 "node.id=1",
                 f"controller.quorum.voters=1@{self.host}:{self.controller_port}",
-                f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
-                f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}",
+                f"listeners={sasl}PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
+                f"advertised.listeners={sasl}PLAINTEXT://{self.host}:{self.port}",
                 "controller.listener.names=CONTROLLER",
                 "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,"
+                "SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+                *self._security_properties(),
                 f"log.dirs={self.log_dir}",
                 "num.partitions=4",
                 "offsets.topic.replication.factor=1",
@@ -207,6 +282,10 @@ class ApacheKafka:
     def format(self) -> None:
         """Write the config and format the log directory (once; a formatted directory is kept)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.sasl_users and not self.sasl_port:
+            self.sasl_port = free_port(self.host)
+        if self.tls:
+            self._make_certificates()
         if self.formatted:
             self._read_controller_port()
             return
@@ -247,6 +326,8 @@ class ApacheKafka:
                 log.close()
         try:
             wait_port(self.host, self.port, timeout_s, self.proc)
+            if self.sasl_users:
+                wait_port(self.host, self.sasl_port, timeout_s, self.proc)
             wait_serving(self.bootstrap, max(timeout_s - (time.time() - self.started_at), 5.0), self.proc)
         except BaseException:
             self.stop(signal.SIGKILL)
@@ -291,6 +372,39 @@ def wait_serving(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None
     raise TimeoutError(f"Apache Kafka on {bootstrap} did not serve metadata within {timeout_s:.0f}s")
 
 
+# Kafka's protocol codes (org.apache.kafka.common.resource / acl): resource types, operations.
+ACL_RESOURCES = {"topic": 2, "group": 3, "cluster": 4}
+ACL_OPERATIONS = {"all": 2, "read": 3, "write": 4, "create": 5, "describe": 8, "describe_configs": 10}
+_PATTERN = {"literal": 3, "prefixed": 4}
+_ALLOW = 3
+
+
+async def create_acls(
+    bootstrap: str, principal: str, grants: list[tuple[str, str, str]], *, pattern: str = "prefixed"
+) -> None:
+    """Allow `principal` (`User:NAME`) each (resource type, resource name, operation) of `grants`, e.g.
+    `("topic", "prod.", "write")`: names are prefixes unless `pattern="literal"`. Sent on the PLAINTEXT
+    listener (`bootstrap`), whose principal is a super user. (aiokafka's admin client has no ACL call: the
+    CreateAcls request is sent as is.)"""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import for_code
+    from aiokafka.protocol.admin import CreateAclsRequest
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    await admin.start()
+    try:
+        for resource, name, operation in grants:
+            request = CreateAclsRequest(
+                ACL_RESOURCES[resource], name, _PATTERN[pattern], principal, "*", ACL_OPERATIONS[operation], _ALLOW
+            )
+            response = await admin._send_request(request)
+            for result in response.creation_responses:
+                if result[0]:
+                    raise for_code(result[0])(f"ACL {principal} {operation} {resource} {name}: {result[1]}")
+    finally:
+        await admin.close()
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 
 
@@ -303,14 +417,27 @@ def _cmd_start(args: argparse.Namespace) -> int:
     if args.fresh:
         shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True, exist_ok=True)
-    broker = ApacheKafka(data_dir, port=args.port, log_path=data_dir / "kafka.log")
+    users = dict(u.split("=", 1) for u in args.sasl_user)
+    broker = ApacheKafka(
+        data_dir,
+        port=args.port,
+        log_path=data_dir / "kafka.log",
+        sasl_users=users,
+        sasl_port=args.sasl_port,
+        acls=args.acls,
+        super_users=tuple(args.super_user),
+        tls=args.tls,
+    )
     t0 = time.monotonic()
     broker.start(timeout_s=args.timeout)
     assert broker.proc is not None
     _pidfile(data_dir).write_text(f"{broker.proc.pid}\n")
     print(
         f"Apache Kafka {broker.version} serving on {broker.bootstrap} in {time.monotonic() - t0:.1f}s "
-        f"(pid {broker.proc.pid}, log {data_dir / 'kafka.log'})",
+        f"(pid {broker.proc.pid}, log {data_dir / 'kafka.log'})"
+        + (f"; {broker.sasl_protocol} (PLAIN) on {broker.sasl_bootstrap}" if users else "")
+        + (f", CA {broker.ca_file}" if args.tls else "")
+        + ("; ACLs enforced" if args.acls else ""),
         file=sys.stderr,
     )
     print(broker.bootstrap)
@@ -358,6 +485,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0, help="0: a free loopback port")
     p.add_argument("--fresh", action="store_true", help="delete the directory first (an empty broker)")
     p.add_argument("--timeout", type=float, default=180.0)
+    p.add_argument("--sasl-user", action="append", default=[], metavar="NAME=PASSWORD", help="a SASL/PLAIN user")
+    p.add_argument("--sasl-port", type=int, default=0, help="the SASL_PLAINTEXT listener (0: a free port)")
+    p.add_argument("--tls", action="store_true", help="SASL_SSL instead of SASL_PLAINTEXT (CA in DIR/tls/ca.crt)")
+    p.add_argument("--acls", action="store_true", help="enforce ACLs (StandardAuthorizer)")
+    p.add_argument("--super-user", action="append", default=[], metavar="NAME", help="allowed everything")
     p.set_defaults(func=_cmd_start)
     p = sub.add_parser("stop", help="stop the broker recorded in DIR/kafka.pid")
     p.add_argument("--dir", required=True)

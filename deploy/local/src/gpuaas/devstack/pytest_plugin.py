@@ -9,6 +9,8 @@ so one suite's junk never reaches another's stack). On that stack this plugin pr
 - `admin_token` (module scope): a token valid for most of its lifetime when the module starts;
 - `gw`: an httpx.AsyncClient on the gateway as the operator, each request with a fresh token.
 
+and, for the tests themselves, `new_team` (a fresh tenant, project, admin and member) and `target_of`
+(the stack as the golden path's `Target`, what `golden_path.actors` helpers such as `start_agent` take).
 Waiting helpers are in `gpuaas.devstack.waiting` (`eventually`, `until_done`).
 """
 
@@ -18,8 +20,10 @@ import asyncio
 import logging
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -27,6 +31,9 @@ import pytest
 from gpuaas.devstack.config import StackConfig
 from gpuaas.devstack.stack import Stack
 from gpuaas.devstack.testing import remove_root, temp_root
+
+if TYPE_CHECKING:
+    from gpuaas.devstack.golden_path.actors import Target
 
 log = logging.getLogger("gpuaas.devstack")
 # A token handed to a module-scoped fixture must outlast the module: log in again unless it has this long.
@@ -138,3 +145,50 @@ async def gw(stack: Stack, admin_tokens: AdminTokens) -> AsyncIterator[httpx.Asy
         base_url=stack.gateway_url, headers=headers, auth=AdminAuth(admin_tokens), timeout=30
     ) as client:
         yield client
+
+
+def target_of(stack: Stack) -> Target:
+    """The stack as the golden path's `Target` (node agents dial allocations directly)."""
+    from gpuaas.devstack.golden_path.actors import Target  # SSH and the SDK only for the tests that use them
+
+    return Target(stack.gateway_url, stack.service_url("allocations"), stack.admin_login, stack.root, stack.logs_dir)
+
+
+@dataclass(frozen=True)
+class Team:
+    """A fresh tenant with one project: its admin (who logs in with `admin_email` and the password given
+    to `new_team`) and one more project member."""
+
+    run: str
+    tenant_id: str
+    project_id: str
+    admin_email: str
+    member_id: str
+
+
+async def new_team(
+    gw: httpx.AsyncClient, prefix: str, tenant_name: str, project: str, admin: str, member: str, password: str
+) -> Team:
+    """Tenant `<prefix>-<run>` ("<tenant_name> <run>") with `project`, its project admin `admin` and a
+    project member `member` (emails `<name>-<run>@<prefix>-<run>.example.com`), created as the operator."""
+    run = uuid.uuid4().hex[:6]
+    slug = f"{prefix}-{run}"
+    r = await gw.post("/api/identity/tenants", json={"slug": slug, "name": f"{tenant_name} {run}"})
+    assert r.status_code == 201, r.text
+    tenant_id = r.json()["tenant_id"]
+    r = await gw.post(f"/api/identity/tenants/{tenant_id}/projects", json={"name": project})
+    assert r.status_code == 201, r.text
+    project_id = r.json()["project_id"]
+    user_ids = {}
+    for name, role in ((admin, "project_admin"), (member, "project_member")):
+        email = f"{name}-{run}@{slug}.example.com"
+        r = await gw.post(
+            f"/api/identity/tenants/{tenant_id}/users", json={"email": email, "password": password, "role": None}
+        )
+        assert r.status_code == 201, r.text
+        user_ids[name] = r.json()["user_id"]
+        r = await gw.post(
+            f"/api/identity/projects/{project_id}/members", json={"user_id": user_ids[name], "role": role}
+        )
+        assert r.status_code == 201, r.text
+    return Team(run, tenant_id, project_id, f"{admin}-{run}@{slug}.example.com", user_ids[member])

@@ -17,20 +17,21 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from starlette.requests import HTTPConnection
 
 from gpuaas.kit import admin, iam
 from gpuaas.kit.auth import JWKSCache, TokenVerifier
-from gpuaas.kit.consumer import EventConsumer, count_parked
+from gpuaas.kit.consumer import EventConsumer
 from gpuaas.kit.db import create_engine, session_factory, to_plain_url
 from gpuaas.kit.errors import install_error_handlers
 from gpuaas.kit.http import BodyLimitMiddleware, CorrelationMiddleware
 from gpuaas.kit.idempotency import IdempotencyMiddleware
-from gpuaas.kit.kafka import ensure_topics, make_producer
+from gpuaas.kit.kafka import client_security, ensure_topics, make_producer
 from gpuaas.kit.logging import configure_logging, get_logger
-from gpuaas.kit.metrics import ServiceMetrics
+from gpuaas.kit.metrics import BusinessMetrics, ServiceMetrics
 from gpuaas.kit.relay import OutboxRelay
 from gpuaas.kit.settings import ServiceSettings
 from gpuaas.kit.subscriptions import Subscriptions
@@ -53,6 +54,8 @@ class ServiceSpec:
     metadata: MetaData | None = None
     on_startup: list[Hook] = field(default_factory=list)
     background: list[Hook] = field(default_factory=list)  # long-running loops (reconcilers)
+    # The service's business metrics: built on the app's registry, gauges refreshed at every scrape.
+    metrics: Callable[[CollectorRegistry], BusinessMetrics] | None = None
     with_iam: bool = True  # every service except the gateway projects identity
     title: str = ""
     description: str = ""
@@ -95,8 +98,8 @@ class KitRuntime:
         return task
 
 
-def kit_of(request: Request) -> KitRuntime:
-    """The service's runtime (built by the lifespan) from a request: the one way routers reach it."""
+def kit_of(request: HTTPConnection) -> KitRuntime:
+    """The service's runtime (built by the lifespan) from a request or WebSocket: the one way routers reach it."""
     kit: KitRuntime = request.app.state.kit
     return kit
 
@@ -107,6 +110,8 @@ Kit = Annotated[KitRuntime, Depends(kit_of)]
 
 def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
     metrics = ServiceMetrics(spec.name)
+    if spec.metrics is not None:
+        metrics.business = spec.metrics(metrics.registry)
     subs = spec.subscriptions or Subscriptions()
     if spec.with_iam:
         subs = iam.subscriptions.merge(subs)
@@ -124,7 +129,7 @@ def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
             settings=settings,
             spec=spec,
             engine=engine,
-            sessions=session_factory(engine),
+            sessions=session_factory(engine, info=metrics.session_info()),
             metrics=metrics,
             verifier=TokenVerifier(JWKSCache(settings.jwks_url), settings.jwt_issuer, settings.jwt_audience),
             subscriptions=subs,
@@ -160,8 +165,14 @@ async def _run_messaging(kit: KitRuntime) -> None:
     s = kit.settings
     while True:
         try:
-            await ensure_topics(s.kafka_bootstrap, prefix=s.kafka_topic_prefix)
-            producer = make_producer(s.kafka_bootstrap, s.kafka_max_message_bytes)
+            await ensure_topics(
+                s.kafka_bootstrap,
+                prefix=s.kafka_topic_prefix,
+                security=client_security(s),
+                replication_factor=s.kafka_topic_replication_factor,
+                min_insync_replicas=s.kafka_topic_min_insync_replicas,
+            )
+            producer = make_producer(s.kafka_bootstrap, s.kafka_max_message_bytes, client_security(s))
             await asyncio.wait_for(producer.start(), 30)
             kit.producer = producer
             break
@@ -197,6 +208,7 @@ async def _run_messaging(kit: KitRuntime) -> None:
             heartbeat_interval_ms=s.kafka_heartbeat_interval_ms,
             commit_timeout_s=s.consumer_commit_timeout_s,
             topic_prefix=s.kafka_topic_prefix,
+            security=client_security(s),
         )
         kit.spawn(kit.consumer.run(), "consumer")
 
@@ -227,30 +239,44 @@ def _add_health(app: FastAPI, metrics: ServiceMetrics) -> None:
 
     @app.get("/readyz", tags=["ops"], include_in_schema=False)
     async def readyz(request: Request) -> JSONResponse:
-        kit: KitRuntime = request.app.state.kit
-        checks: dict[str, bool] = {}
-        try:
-            async with kit.sessions() as session:
-                await asyncio.wait_for(session.execute(text("SELECT 1")), 3)
-                metrics.dead_letters.set(await count_parked(session))
-            checks["database"] = True
-        except Exception:
-            checks["database"] = False
-        checks["broker"] = await _broker_ok(kit)
-        if kit.settings.run_consumers and kit.subscriptions.topics:
-            checks["consumer_assigned"] = bool(kit.consumer and kit.consumer.assigned)
+        checks = await _readiness(request.app.state.kit)
         ready = all(checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["ops"], include_in_schema=False)
     async def prometheus(request: Request) -> Response:
         kit: KitRuntime = request.app.state.kit
-        try:
-            async with kit.sessions() as session:
-                metrics.dead_letters.set(await count_parked(session))
-        except Exception:  # metrics still answer while the database is down
-            pass
+        # gpuaas_ready{check} is set by the /readyz probes (every few seconds); a scrape does not probe the broker
+        # itself, so it never cancels a metadata request on the relay's producer mid-flight.
+        try:  # dead letters, outbox lag and the service's business gauges, from its own tables
+            async with kit.sessions() as session, session.begin():
+                # Postgres ends a slow read itself: cancelling the await (wait_for) could leave the pooled
+                # connection mid-protocol for the next user (the relay), which then failed or hung.
+                await session.execute(text(f"SET LOCAL statement_timeout = {int(METRICS_REFRESH_TIMEOUT_S * 1000)}"))
+                await metrics.refresh(session)
+        except Exception as exc:  # metrics still answer (with the last values) while the database is away
+            log.warning("metrics_refresh_failed", error=f"{type(exc).__name__}: {exc}")
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+METRICS_REFRESH_TIMEOUT_S = 5.0
+
+
+async def _readiness(kit: KitRuntime) -> dict[str, bool]:
+    """The /readyz checks (database, broker, consumer group joined), also exported as `gpuaas_ready{check}`."""
+    checks: dict[str, bool] = {}
+    try:
+        async with kit.sessions() as session:
+            await asyncio.wait_for(session.execute(text("SELECT 1")), 3)
+        checks["database"] = True
+    except Exception:
+        checks["database"] = False
+    checks["broker"] = await _broker_ok(kit)
+    if kit.settings.run_consumers and kit.subscriptions.topics:
+        checks["consumer_assigned"] = bool(kit.consumer and kit.consumer.assigned)
+    for name, ok in checks.items():
+        kit.metrics.ready.labels(name).set(1 if ok else 0)
+    return checks
 
 
 async def _broker_ok(kit: KitRuntime) -> bool:

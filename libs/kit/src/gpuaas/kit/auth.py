@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import httpx
-from fastapi import Depends, Request
+from fastapi import Depends
 from joserfc import jws, jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
+from starlette.requests import HTTPConnection
 
 from gpuaas.contracts import Actor, ActorKind
 from gpuaas.kit.errors import Unauthorized, Unavailable
@@ -129,7 +130,7 @@ def principal_from_claims(claims: dict[str, Any]) -> Principal:
         raise Unauthorized("token claims are incomplete", code="invalid_token") from exc
 
 
-def bearer_token(request: Request) -> str | None:
+def bearer_token(request: HTTPConnection) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value:
@@ -140,7 +141,8 @@ def bearer_token(request: Request) -> str | None:
     return None
 
 
-async def current_principal(request: Request) -> Principal:
+async def current_principal(request: HTTPConnection) -> Principal:
+    """The verified caller of an HTTP request or a WebSocket (both are HTTP connections)."""
     token = bearer_token(request)
     if not token:
         raise Unauthorized("a bearer token is required", code="missing_token")

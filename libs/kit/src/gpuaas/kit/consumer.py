@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from sqlalchemy import func, insert, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gpuaas.contracts import TOPICS, Event, new_event_id
 from gpuaas.kit import context
+from gpuaas.kit.bulk import insert_rows
 from gpuaas.kit.logging import get_logger
 from gpuaas.kit.metrics import ServiceMetrics
 from gpuaas.kit.subscriptions import Handler, Subscriptions
@@ -79,9 +80,12 @@ class EventConsumer:
         broker_timeout_s: float = 60.0,
         group_id: str | None = None,
         topic_prefix: str = "",
+        security: Mapping[str, Any] | None = None,
     ) -> None:
         self.name = name
         self.topic_prefix = topic_prefix
+        # TLS/SASL keyword arguments of the client (gpuaas.kit.kafka.client_security); empty: PLAINTEXT.
+        self.security = dict(security or {})
         # Both on the wire under the deployment's prefix; the inbox, handlers and metrics see logical names.
         self.group_id = topic_prefix + (group_id or name)
         self.bootstrap = bootstrap
@@ -96,6 +100,7 @@ class EventConsumer:
         self.stall_check_s = stall_check_s
         self.broker_timeout_s = broker_timeout_s
         self._polling = False
+        self._commit: asyncio.Future[Any] | None = None  # the offset commit in flight
         self.consumer: AIOKafkaConsumer | None = None
         self._stopping = asyncio.Event()
 
@@ -159,6 +164,7 @@ class EventConsumer:
                 heartbeat_interval_ms=self.heartbeat_interval_ms,
                 max_poll_records=self.batch_size,
                 fetch_max_wait_ms=200,
+                **self.security,
             )
             try:
                 await bounded(self.consumer.start(), self.broker_timeout_s)
@@ -195,13 +201,22 @@ class EventConsumer:
         assert self.consumer is not None
         loop = asyncio.get_running_loop()
         last_records = last_check = loop.time()
+        try:
+            await self._poll(loop, last_records, last_check)
+        finally:
+            await self._settle_commit(quiet=True)  # let the last offsets reach the broker before stop()
+
+    async def _poll(self, loop: asyncio.AbstractEventLoop, last_records: float, last_check: float) -> None:
+        assert self.consumer is not None
         while not self._stopping.is_set():
             # Bounded: a getmany that never returns is a wedged client, answered by a fresh one.
             batch = await bounded(
                 self.consumer.getmany(timeout_ms=500, max_records=self.batch_size), self.broker_timeout_s
             )
             if not batch:
-                await self._update_lag()
+                await self._settle_commit()
+                if await self._update_lag() == 0:
+                    self._progressed()
                 now = loop.time()
                 if now - last_records > self.stall_check_s and now - last_check > self.stall_check_s:
                     last_check = now
@@ -217,14 +232,29 @@ class EventConsumer:
                     self.consumer.seek(tp, msgs[0].offset)
                 await asyncio.sleep(1.0)
                 continue
+            self._progressed()
             offsets = {tp: msgs[-1].offset + 1 for tp, msgs in batch.items()}
-            try:
-                await bounded(self.consumer.commit(offsets), self.commit_timeout_s)
-            except (TimeoutError, KafkaError) as exc:
-                # Not fatal: redelivery is deduped by the inbox. Rejoin to resync with the broker.
-                log.warning("consumer_commit_failed", error=str(exc))
-                raise KafkaError(f"offset commit failed: {exc}") from exc
+            # The offsets go to the broker while the next batch is fetched and applied (one commit in flight at
+            # a time, in order; always after the database commit). A failed commit is seen before the next one.
+            await self._settle_commit()
+            self._commit = asyncio.ensure_future(bounded(self.consumer.commit(offsets), self.commit_timeout_s))
             await self._update_lag()
+
+    async def _settle_commit(self, *, quiet: bool = False) -> None:
+        """Wait for the offset commit in flight, if any. A failure is not fatal (redelivery is deduped by the
+        inbox) but the client rejoins to resync with the broker, unless `quiet` (the client is closing)."""
+        commit, self._commit = self._commit, None
+        if commit is None:
+            return
+        try:
+            await commit
+        except Exception as exc:  # TimeoutError, KafkaError, or whatever the client raised
+            log.warning("consumer_commit_failed", error=f"{type(exc).__name__}: {exc}")
+            if not quiet:
+                raise KafkaError(f"offset commit failed: {exc}") from exc
+        except asyncio.CancelledError:
+            if not quiet or self._shutting_down():
+                raise
 
     async def _check_stalled(self) -> None:
         """Watchdog: after a broker outage an aiokafka consumer can keep its assignment yet never fetch
@@ -253,10 +283,16 @@ class EventConsumer:
             log.warning("consumer_stalled", behind=behind)
             raise KafkaError(f"consumer stalled: records waiting on {behind} but none fetched")
 
-    async def _update_lag(self) -> None:
-        """Lag from the fetch high-water mark (Tansu's end_offsets are wrong)."""
+    def _progressed(self) -> None:
+        """The consumer applied a batch or has nothing waiting: `gpuaas_consumer_last_progress_timestamp_seconds`
+        moves on (a consumer that holds partitions yet never fetches, or never joins, lets it age)."""
+        self.metrics.consumer_progress.labels(self.group_id).set(time.time())
+
+    async def _update_lag(self) -> int | None:
+        """Lag from the fetch high-water mark (Tansu's end_offsets are wrong); the total, None when unknown."""
         if self.consumer is None:
-            return
+            return None
+        total: int | None = 0
         for tp in self.consumer.assignment():
             hw = self.consumer.highwater(tp)
             if hw is None:
@@ -264,8 +300,13 @@ class EventConsumer:
             try:  # position() waits for committed offsets: unbounded while the coordinator is away
                 pos = await bounded(self.consumer.position(tp), 2)
             except TimeoutError:
+                total = None
                 continue
-            self.metrics.consumer_lag.labels(self.logical(tp.topic), str(tp.partition)).set(max(hw - pos, 0))
+            lag = max(hw - pos, 0)
+            self.metrics.consumer_lag.labels(self.logical(tp.topic), str(tp.partition)).set(lag)
+            if total is not None:
+                total += lag
+        return total
 
     async def apply(self, records: Sequence[ConsumerRecord]) -> None:
         """Apply a batch in one transaction.
@@ -299,28 +340,27 @@ class EventConsumer:
                 pending.append((record, event, handlers))
             if not pending:
                 return
-            claimed = set(
-                (
-                    await session.execute(
-                        pg_insert(inbox)
-                        .values(
-                            [
-                                {
-                                    "consumer": self.name,
-                                    "event_id": e.id,
-                                    "event_type": e.type,
-                                    "topic": self.logical(r.topic),
-                                    "partition": r.partition,
-                                    "offset": r.offset,
-                                }
-                                for r, e, _ in pending
-                            ]
-                        )
-                        .on_conflict_do_nothing()
-                        .returning(inbox.c.event_id)
-                    )
-                ).scalars()
-            )
+            # One statement of a fixed shape for the whole batch (unnest of arrays): compiled and prepared once.
+            claimed = {
+                row.event_id
+                for row in await insert_rows(
+                    session,
+                    inbox,
+                    [
+                        {
+                            "consumer": self.name,
+                            "event_id": e.id,
+                            "event_type": e.type,
+                            "topic": self.logical(r.topic),
+                            "partition": r.partition,
+                            "offset": r.offset,
+                        }
+                        for r, e, _ in pending
+                    ],
+                    on_conflict_do_nothing=True,
+                    returning=("event_id",),
+                )
+            }
             fresh = [(r, e, h) for r, e, h in pending if e.id in claimed]
             for r, e, _ in pending:
                 if e.id not in claimed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from sqlalchemy import MetaData
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -55,8 +56,11 @@ class ServiceSession(Session):
     """The sync session under every AsyncSession of the kit: the class kit hooks attach events to."""
 
 
-def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    return async_sessionmaker(engine, expire_on_commit=False, autoflush=False, sync_session_class=ServiceSession)
+def session_factory(engine: AsyncEngine, *, info: dict[str, Any] | None = None) -> async_sessionmaker[AsyncSession]:
+    """Sessions of the service's schema; `info` is copied into every session's `info` (the app's metrics)."""
+    return async_sessionmaker(
+        engine, expire_on_commit=False, autoflush=False, sync_session_class=ServiceSession, info=info
+    )
 
 
 @asynccontextmanager

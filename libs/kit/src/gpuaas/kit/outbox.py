@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.contracts import Event, topic_of
 from gpuaas.kit import context
+from gpuaas.kit.bulk import insert_rows
 from gpuaas.kit.errors import Problem
 from gpuaas.kit.tables import outbox
 
@@ -44,8 +44,8 @@ def _row(event: Event) -> dict[str, object]:
 async def add_events(session: AsyncSession, events: Iterable[Event]) -> None:
     """Stage events in the caller's transaction; they are published only if it commits."""
     rows = [_row(e) for e in events]
-    if rows:
-        await session.execute(insert(outbox), rows)
+    if rows:  # one statement of a fixed shape for any number of events (unnest of arrays)
+        await insert_rows(session, outbox, rows)
 
 
 async def add_event(session: AsyncSession, event: Event) -> None:

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gpuaas.kit.logging import get_logger
@@ -34,6 +34,9 @@ log = get_logger(__name__)
 # before the rows are marked sent. The size keeps the few events a service may still have pending when it
 # restarts from setting it off before the test's own batch.
 FAULT_KILL_AFTER_PUBLISH = "GPUAAS_FAULT_RELAY_KILL_AFTER_PUBLISH"
+
+
+MARK_SENT = text("UPDATE outbox SET sent_at = now() WHERE seq = ANY(CAST(:seqs AS bigint[]))")
 
 
 def advisory_key(schema: str) -> int:
@@ -82,22 +85,27 @@ class OutboxRelay:
                     await self._sleep(2.0)
                     continue
                 self.is_leader = True
+                self.metrics.relay_leader.set(1)
                 await lock_conn.add_listener(f"{self.schema}_outbox", self._on_notify)
                 log.info("relay_leader", schema=self.schema)
                 await self._publish_loop(lock_conn)
             except (OSError, asyncpg.PostgresError, ConnectionError) as exc:
                 log.warning("relay_db_error", error=str(exc))
+                self.metrics.relay_restarts.inc()
                 await self._sleep(1.0)
             except (KafkaError, TimeoutError) as exc:
                 # The broker failed (or did not acknowledge in time) a batch: its transaction rolled back, the
                 # rows stay unsent and are published again; consumers dedupe whatever had reached the broker.
                 log.warning("relay_publish_failed", error=f"{type(exc).__name__}: {exc}")
+                self.metrics.relay_restarts.inc()
                 await self._sleep(1.0)
             except Exception:  # never let the relay task die silently: nothing would publish until a restart
                 log.exception("relay_failed")
+                self.metrics.relay_restarts.inc()
                 await self._sleep(1.0)
             finally:
                 self.is_leader = False
+                self.metrics.relay_leader.set(0)
                 if lock_conn is not None and not lock_conn.is_closed():
                     try:
                         await asyncio.wait_for(lock_conn.close(), 5)
@@ -173,9 +181,8 @@ class OutboxRelay:
             if self.kill_after_publish_rows and len(rows) >= self.kill_after_publish_rows:
                 log.warning("fault_injection_kill_after_publish", rows=len(rows))
                 os.kill(os.getpid(), signal.SIGKILL)
-            await session.execute(
-                update(outbox).where(outbox.c.seq.in_([r.seq for r in rows])).values(sent_at=func.now())
-            )
+            # One statement of one shape whatever the batch size (an IN list renders anew for every size).
+            await session.execute(MARK_SENT, {"seqs": [r.seq for r in rows]})
         for r in rows:
             self.metrics.events_published.labels(r.topic).inc()
         return len(rows)
@@ -189,14 +196,12 @@ class OutboxRelay:
 
     async def _update_lag(self) -> None:
         async with self.sessions() as session:
-            count, oldest = (
+            count, oldest, at = (
                 await session.execute(
-                    select(func.count(), func.min(outbox.c.created_at)).where(outbox.c.sent_at.is_(None))
+                    select(func.count(), func.min(outbox.c.created_at), func.now()).where(outbox.c.sent_at.is_(None))
                 )
             ).one()
-            age = (await session.execute(select(func.now()))).scalar_one() - oldest if oldest else None
-        self.metrics.outbox_unsent.set(count)
-        self.metrics.outbox_lag_seconds.set(age.total_seconds() if age else 0.0)
+        self.metrics.set_outbox_lag(count, oldest, at)
 
 
 async def replay(sessions: async_sessionmaker[AsyncSession], since: datetime, until: datetime | None = None) -> int:

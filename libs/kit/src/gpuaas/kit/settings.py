@@ -7,7 +7,9 @@ part, so one variable points the whole suite at a real Kafka.
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, SecretStr
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -38,6 +40,29 @@ class ServiceSettings(BaseSettings):
     )
     # Enforced on the producer side: Tansu does not enforce a maximum message size.
     kafka_max_message_bytes: int = 1_000_000
+    # How every Kafka client of the service (producer, consumers, topic admin) connects: PLAINTEXT, SSL (TLS),
+    # SASL_PLAINTEXT or SASL_SSL (SASL over TLS).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", validation_alias=_shared("kafka_security_protocol")
+    )
+    # SASL mechanism with a SASL_* protocol: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "PLAIN", validation_alias=_shared("kafka_sasl_mechanism")
+    )
+    # SASL user name (required with a SASL_* protocol).
+    kafka_sasl_username: str = Field("", validation_alias=_shared("kafka_sasl_username"))
+    # SASL password (required with a SASL_* protocol).
+    kafka_sasl_password: SecretStr = Field(SecretStr(""), validation_alias=_shared("kafka_sasl_password"))
+    # CA bundle (PEM file) the broker's certificate is verified against with SSL/SASL_SSL; empty: the system CAs.
+    kafka_ssl_cafile: str = Field("", validation_alias=_shared("kafka_ssl_cafile"))
+    # Client certificate (PEM file) for mutual TLS; empty: none.
+    kafka_ssl_certfile: str = Field("", validation_alias=_shared("kafka_ssl_certfile"))
+    # Private key (PEM file) of the client certificate.
+    kafka_ssl_keyfile: str = Field("", validation_alias=_shared("kafka_ssl_keyfile"))
+    # Replication factor of the topics the services create when missing (3 on a production cluster).
+    kafka_topic_replication_factor: int = Field(1, ge=1, validation_alias=_shared("kafka_topic_replication_factor"))
+    # `min.insync.replicas` of the topics the services create (2 with replication factor 3); 0: the broker's default.
+    kafka_topic_min_insync_replicas: int = Field(0, ge=0, validation_alias=_shared("kafka_topic_min_insync_replicas"))
 
     jwks_url: str = Field("http://127.0.0.1:8001/.well-known/jwks.json", validation_alias=_shared("jwks_url"))
     jwt_issuer: str = Field("http://127.0.0.1:8000/api/identity", validation_alias=_shared("jwt_issuer"))
@@ -61,6 +86,20 @@ class ServiceSettings(BaseSettings):
     @property
     def schema(self) -> str:
         return self.db_schema or self.service_name
+
+    @model_validator(mode="after")
+    def _kafka_security_complete(self) -> ServiceSettings:
+        if self.kafka_security_protocol.startswith("SASL_") and not (
+            self.kafka_sasl_username and self.kafka_sasl_password.get_secret_value()
+        ):
+            raise ValueError(
+                f"kafka_security_protocol={self.kafka_security_protocol} needs a SASL username and password"
+            )
+        if bool(self.kafka_ssl_certfile) != bool(self.kafka_ssl_keyfile):
+            raise ValueError("kafka_ssl_certfile and kafka_ssl_keyfile go together (mutual TLS)")
+        if self.kafka_topic_min_insync_replicas > self.kafka_topic_replication_factor:
+            raise ValueError("kafka_topic_min_insync_replicas cannot exceed kafka_topic_replication_factor")
+        return self
 
 
 def service_config(service: str) -> SettingsConfigDict:

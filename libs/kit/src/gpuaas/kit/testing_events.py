@@ -15,7 +15,8 @@ again by the consumer, which every handler tolerates (state events are versioned
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -47,10 +48,10 @@ async def apply_events(kit: KitRuntime, *events: Event) -> None:
             i = j
 
 
-async def publish(bootstrap: str, events: Sequence[Event]) -> None:
+async def publish(bootstrap: str, events: Sequence[Event], security: Mapping[str, Any] | None = None) -> None:
     """Put events on their topics on the real broker, keyed as their producers key them, and wait for
-    every acknowledgement (in order per key: one partition each)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    every acknowledgement (in order per key: one partition each). `security`: `kit.kafka.client_security`."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **(security or {}))
     await producer.start()
     try:
         sent = [await producer.send(topic_of(e).name, e.model_dump_json().encode(), key=e.key()) for e in events]

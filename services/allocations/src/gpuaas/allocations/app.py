@@ -5,10 +5,10 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from gpuaas.allocations import SERVICE, api
-from gpuaas.allocations.api.agents import listen_for_tasks
 from gpuaas.allocations.handlers import subscriptions
+from gpuaas.allocations.metrics import AllocationsMetrics
 from gpuaas.allocations.models import metadata
-from gpuaas.allocations.reconciler import reconciler
+from gpuaas.allocations.reconciler import listen_for_tasks, reconciler
 from gpuaas.allocations.runtime import start_runtime
 from gpuaas.allocations.settings import Settings
 from gpuaas.kit.app import ServiceSpec
@@ -23,6 +23,7 @@ SPEC = ServiceSpec(
     metadata=metadata,
     on_startup=[start_runtime],
     background=[reconciler, listen_for_tasks],
+    metrics=AllocationsMetrics,
     description="GPU hosts, placement, the allocation lifecycle, SSH access, storage and the browser terminal.",
 )
 

@@ -22,7 +22,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from gpuaas.kit.db import NAMING_CONVENTION
 
@@ -85,8 +85,8 @@ allocations = Table(
     Column("awaiting_clearance_since", DateTime(timezone=True)),
     Column("version", Integer, nullable=False, server_default="1"),
     # The list endpoints: newest first, per project or across the principal's projects.
-    Index("ix_allocations_project_requested", "project_id", text("requested_at DESC")),
-    Index("ix_allocations_requested", text("requested_at DESC")),
+    Index("ix_allocations_project_requested", "project_id", text("requested_at DESC"), text("allocation_id DESC")),
+    Index("ix_allocations_requested", text("requested_at DESC"), text("allocation_id DESC")),
 )
 
 gpu_assignments = Table(
@@ -95,6 +95,20 @@ gpu_assignments = Table(
     Column("host_id", UUID(as_uuid=True), ForeignKey("hosts.host_id"), primary_key=True),
     Column("gpu_index", Integer, primary_key=True),
     Column("allocation_id", UUID(as_uuid=True), ForeignKey("allocations.allocation_id"), nullable=False, index=True),
+)
+
+# Per host and GPU model: the model's indices on the host, their count and how many are assigned.
+# Maintained by triggers on hosts (gpus) and gpu_assignments (migration allocations_0005), never
+# written by the service: placement reads its candidates here instead of every assignment.
+host_capacity = Table(
+    "host_capacity",
+    metadata,
+    Column("host_id", UUID(as_uuid=True), ForeignKey("hosts.host_id", ondelete="CASCADE"), primary_key=True),
+    Column("gpu_model", Text, primary_key=True),
+    Column("indices", ARRAY(Integer), nullable=False),
+    Column("total", Integer, nullable=False),
+    Column("used", Integer, nullable=False),
+    Index("ix_host_capacity_model_free", "gpu_model", text("(total - used)")),
 )
 
 timeline = Table(

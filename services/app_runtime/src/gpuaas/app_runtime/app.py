@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from gpuaas.app_runtime import SERVICE
 from gpuaas.app_runtime.api import routers
 from gpuaas.app_runtime.handlers import subscriptions
+from gpuaas.app_runtime.metrics import AppRuntimeMetrics
 from gpuaas.app_runtime.models import metadata
 from gpuaas.app_runtime.reconciler import reconciler
 from gpuaas.app_runtime.runtime import start_runtime_state
@@ -23,6 +24,7 @@ SPEC = ServiceSpec(
     metadata=metadata,
     on_startup=[start_runtime_state],
     background=[reconciler],
+    metrics=AppRuntimeMetrics,
     description="App instances, members, member operations, the controller API and access credentials.",
 )
 

@@ -6,6 +6,7 @@ from fastapi import FastAPI
 
 from gpuaas.billing import SERVICE, api
 from gpuaas.billing.handlers import subscriptions
+from gpuaas.billing.metrics import BillingMetrics
 from gpuaas.billing.models import metadata
 from gpuaas.billing.settings import Settings
 from gpuaas.kit.app import ServiceSpec
@@ -18,6 +19,7 @@ SPEC = ServiceSpec(
     subscriptions=subscriptions,
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,
+    metrics=BillingMetrics,
     description="Price book, rating, the ledger, cost views and budgets.",
 )
 

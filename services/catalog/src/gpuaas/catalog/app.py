@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from gpuaas.catalog import SERVICE
 from gpuaas.catalog.api import routers
 from gpuaas.catalog.handlers import subscriptions
+from gpuaas.catalog.metrics import CatalogMetrics
 from gpuaas.catalog.models import metadata
 from gpuaas.catalog.runtime import start_runtime
 from gpuaas.catalog.settings import Settings
@@ -21,6 +22,7 @@ SPEC = ServiceSpec(
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,
     on_startup=[start_runtime],
+    metrics=CatalogMetrics,
     description="App manifests, artifact trust and promotion, entitlements.",
 )
 

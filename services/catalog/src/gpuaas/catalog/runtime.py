@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
+from gpuaas.catalog.metrics import CatalogMetrics
 from gpuaas.catalog.oci import RegistryClient
 from gpuaas.catalog.settings import Settings
 from gpuaas.kit.app import KitRuntime
@@ -22,18 +23,11 @@ class CatalogRuntime:
 
 
 async def start_runtime(kit: KitRuntime) -> None:
-    """Startup hook: the registry client from the settings, the counters on the app's registry."""
+    """Startup hook: the registry client from the settings, the counters of the app's metrics (`SPEC.metrics`)."""
     settings = kit.settings_as(Settings)
-    registry = kit.metrics.registry
+    metrics = kit.metrics.business_as(CatalogMetrics)
     kit.state = CatalogRuntime(
         registry=RegistryClient(settings.registry_plain_http, settings.registry_timeout_s),
-        verifications=Counter(
-            "gpuaas_catalog_artifact_verifications_total",
-            "Registry content verifications",
-            ["outcome"],
-            registry=registry,
-        ),
-        transitions=Counter(
-            "gpuaas_catalog_artifact_transitions_total", "Artifact lifecycle moves", ["to"], registry=registry
-        ),
+        verifications=metrics.verifications,
+        transitions=metrics.transitions,
     )

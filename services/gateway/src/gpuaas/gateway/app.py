@@ -20,6 +20,7 @@ from gpuaas.gateway.docs import OpenAPIAggregator
 from gpuaas.gateway.ratelimit import TokenBucketLimiter
 from gpuaas.gateway.runtime import GatewayMetrics, GatewayRuntime
 from gpuaas.gateway.settings import Settings
+from gpuaas.gateway.tokens import CachedVerifier
 from gpuaas.gateway.upstreams import upstream_table
 from gpuaas.kit.auth import JWKSCache, TokenVerifier
 from gpuaas.kit.errors import install_error_handlers
@@ -41,12 +42,19 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
         # httpx logs every request URL at INFO (query strings included): our `proxied` line replaces it.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         upstreams = upstream_table(settings.upstreams)
-        client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s),
+        # One keep-alive pool for everything upstream: the proxy sends through the transport directly, the
+        # docs aggregator through the client around it.
+        transport = httpx.AsyncHTTPTransport(
             limits=httpx.Limits(
                 max_connections=settings.upstream_max_connections,
                 max_keepalive_connections=settings.upstream_max_keepalive,
+                keepalive_expiry=settings.upstream_keepalive_expiry_s,
             ),
+            trust_env=False,
+        )
+        client = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s),
             # Cookies belong to the browser: never keep upstream Set-Cookie in the shared client.
             cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
             follow_redirects=False,
@@ -59,7 +67,11 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
             settings=settings,
             upstreams=upstreams,
             client=client,
-            verifier=TokenVerifier(jwks, settings.jwt_issuer, settings.jwt_audience),
+            transport=transport,
+            verifier=CachedVerifier(
+                TokenVerifier(jwks, settings.jwt_issuer, settings.jwt_audience),
+                max_entries=settings.token_cache_entries,
+            ),
             limiter=TokenBucketLimiter(
                 settings.rate_limit_per_s,
                 settings.rate_limit_burst,

@@ -2,12 +2,20 @@
 
 Request bodies go upstream as they arrive (the kit's body limit still applies: 413 once exceeded);
 responses are relayed chunk by chunk as read from the socket, so SSE events reach the client one
-by one. Upstream failures become the gateway's own problem+json: 502 `upstream_unavailable`,
-504 `upstream_timeout`, 503 `upstream_busy` (connection pool exhausted).
+by one. A small response with a Content-Length (<= 64 KiB, not an event stream: most API answers) is
+read whole and sent in one piece, which spares a streaming task per request; a failure mid-body still
+truncates and aborts the client connection as the streamed path does. Upstream failures become the
+gateway's own problem+json: 502 `upstream_unavailable`, 504 `upstream_timeout`, 503 `upstream_busy`
+(connection pool exhausted).
+
+Hot path (bench/gateway.py measures it): a plain Starlette route (no FastAPI dependency solving), the
+shared transport called directly (the client's cookie/auth/redirect layers do nothing for a proxy: its
+cookie jar never stores and redirects are not followed), and verified tokens cached (tokens.py).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import parse_qsl, urlencode
@@ -27,7 +35,7 @@ from gpuaas.gateway.edge import (
     render_problem,
     upstream_request_headers,
 )
-from gpuaas.gateway.runtime import Gateway, GatewayRuntime
+from gpuaas.gateway.runtime import GatewayRuntime, runtime
 from gpuaas.gateway.upstreams import Upstream, segments
 from gpuaas.kit.errors import NotFound, Problem
 from gpuaas.kit.logging import get_logger
@@ -37,6 +45,7 @@ router = APIRouter()
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 STREAM_LEAVES = frozenset({"stream", "events"})
+BUFFER_MAX_BYTES = 64 * 1024  # responses up to this size (with a Content-Length) are read whole, sent at once
 
 
 class UpstreamUnavailable(Problem):
@@ -84,10 +93,13 @@ def _timeout(rt: GatewayRuntime, request: Request, rest: str) -> dict[str, float
     s = rt.settings
     parts = segments(rest)
     streaming = "text/event-stream" in request.headers.get("accept", "") or bool(parts and parts[-1] in STREAM_LEAVES)
-    read = s.stream_idle_timeout_s if streaming else s.upstream_timeout_s
-    return httpx.Timeout(
-        s.upstream_timeout_s, connect=s.upstream_connect_timeout_s, read=read, pool=s.upstream_connect_timeout_s
-    ).as_dict()
+    return _timeouts(s.upstream_timeout_s, s.upstream_connect_timeout_s, s.stream_idle_timeout_s, streaming)
+
+
+@functools.lru_cache(maxsize=16)
+def _timeouts(total: float, connect: float, stream_idle: float, streaming: bool) -> dict[str, float | None]:
+    read = stream_idle if streaming else total
+    return httpx.Timeout(total, connect=connect, read=read, pool=connect).as_dict()
 
 
 def _has_body(request: Request) -> bool:
@@ -101,8 +113,10 @@ async def _request_body(request: Request) -> AsyncIterator[bytes]:
             yield chunk
 
 
-@router.api_route("/api/{service}/{path:path}", methods=METHODS, include_in_schema=False)
-async def proxy_http(request: Request, rt: Gateway, service: str, path: str) -> Response:
+async def proxy_http(request: Request) -> Response:
+    rt = runtime(request)
+    service: str = request.path_params["service"]
+    path: str = request.path_params["path"]
     instance = request.url.path
     upstream = rt.upstreams.get(service)
     if upstream is None:
@@ -134,7 +148,7 @@ async def proxy_http(request: Request, rt: Gateway, service: str, path: str) -> 
 
     started = time.perf_counter()
     try:
-        resp = await rt.client.send(outbound, stream=True)
+        resp = await rt.transport.handle_async_request(outbound)
     except ClientDisconnect:
         return Response(status_code=499)  # nobody is listening any more
     except httpx.PoolTimeout:
@@ -156,7 +170,11 @@ async def proxy_http(request: Request, rt: Gateway, service: str, path: str) -> 
         duration_ms=round((time.perf_counter() - started) * 1000, 1),
         **log_fields(upstream, admission),
     )
+    resp.request = outbound
     event_stream = resp.headers.get("content-type", "").startswith("text/event-stream")
+    length = resp.headers.get("content-length")
+    if not event_stream and length is not None and length.isdigit() and int(length) <= BUFFER_MAX_BYTES:
+        return await _buffered(resp, upstream)
     response = RelayResponse(
         _relay(resp, upstream, event_stream), status_code=resp.status_code, background=BackgroundTask(resp.aclose)
     )
@@ -164,6 +182,33 @@ async def proxy_http(request: Request, rt: Gateway, service: str, path: str) -> 
     if event_stream:
         response.raw_headers.append((b"x-accel-buffering", b"no"))  # tell any proxy in front not to buffer
     return response
+
+
+async def _buffered(resp: httpx.Response, upstream: Upstream) -> Response:
+    """The whole (small) body, then one response; mid-body failure: what arrived, then an aborted connection."""
+    chunks: list[bytes] = []
+    try:
+        async for chunk in resp.aiter_raw():
+            chunks.append(chunk)
+    except httpx.TransportError as exc:
+        log.warning("upstream_stream_broken", service=upstream.name, error=repr(exc), event_stream=False)
+        response: Response = RelayResponse(_truncated(chunks, upstream), status_code=resp.status_code)
+    else:
+        response = Response(b"".join(chunks), status_code=resp.status_code)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await resp.aclose()
+    response.raw_headers = downstream_response_headers(resp.headers.raw)
+    return response
+
+
+async def _truncated(chunks: list[bytes], upstream: Upstream) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+    raise UpstreamStreamBroken(upstream.name)
+
+
+router.add_route("/api/{service}/{path:path}", proxy_http, methods=METHODS, include_in_schema=False)
 
 
 def _failed(rt: GatewayRuntime, upstream: Upstream, status: str, exc: Problem, instance: str) -> Response:

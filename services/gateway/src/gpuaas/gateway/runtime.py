@@ -17,8 +17,8 @@ from gpuaas.gateway import SERVICE
 from gpuaas.gateway.docs import OpenAPIAggregator
 from gpuaas.gateway.ratelimit import TokenBucketLimiter
 from gpuaas.gateway.settings import Settings
+from gpuaas.gateway.tokens import CachedVerifier
 from gpuaas.gateway.upstreams import Upstream
-from gpuaas.kit.auth import TokenVerifier
 from gpuaas.kit.metrics import ServiceMetrics
 
 
@@ -27,19 +27,17 @@ class GatewayMetrics:
         self.service = ServiceMetrics(SERVICE)
         r = self.service.registry
         self.upstream_requests = Counter(
-            "gpuaas_gateway_upstream_requests_total",
-            "Requests forwarded upstream, by service and upstream status (or unavailable/timeout/busy)",
-            ["service", "status"],
+            "gpuaas_upstream_requests_total",
+            "Requests forwarded upstream, by upstream service and its status (or unavailable/timeout/busy)",
+            ["upstream", "status"],
             registry=r,
         )
-        self.rate_limited = Counter(
-            "gpuaas_gateway_rate_limited_total", "Requests refused by the rate limiter", registry=r
-        )
+        self.rate_limited = Counter("gpuaas_rate_limited_total", "Requests refused by the rate limiter", registry=r)
         self.auth_rejected = Counter(
-            "gpuaas_gateway_auth_rejected_total", "Requests refused at the edge for their token", ["code"], registry=r
+            "gpuaas_auth_rejected_total", "Requests refused at the edge for their token", ["code"], registry=r
         )
         self.open_websockets = Gauge(
-            "gpuaas_gateway_open_websockets", "WebSocket sessions currently bridged", ["service"], registry=r
+            "gpuaas_open_websockets", "WebSocket sessions currently bridged", ["upstream"], registry=r
         )
 
 
@@ -48,7 +46,8 @@ class GatewayRuntime:
     settings: Settings
     upstreams: dict[str, Upstream]
     client: httpx.AsyncClient
-    verifier: TokenVerifier
+    transport: httpx.AsyncHTTPTransport  # the client's: the proxy's hot path sends through it directly
+    verifier: CachedVerifier
     limiter: TokenBucketLimiter
     docs: OpenAPIAggregator
     metrics: GatewayMetrics

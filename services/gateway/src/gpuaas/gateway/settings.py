@@ -36,6 +36,8 @@ class Settings(ServiceSettings):
     stream_idle_timeout_s: float = 300.0
     upstream_max_connections: int = 1000
     upstream_max_keepalive: int = 100
+    # An idle upstream connection is kept this long for reuse (services keep theirs 5 s: uvicorn's default).
+    upstream_keepalive_expiry_s: float = 4.0
 
     # Token bucket per principal (token `sub`, else client IP); rate <= 0 turns limiting off.
     rate_limit_per_s: float = 50.0
@@ -45,6 +47,8 @@ class Settings(ServiceSettings):
     # Peers whose X-Forwarded-For/-Proto/-Host are believed (a load balancer in front). Empty: none.
     trusted_proxies: list[str] = []
 
+    # Verified tokens remembered (LRU) until they expire or the JWKS is refreshed (tokens.py); 0: no cache.
+    token_cache_entries: int = 10_000
     jwks_ttl_s: float = 300.0
     # A token with an unknown `kid` refetches the JWKS at most this often (key rotation).
     jwks_min_refresh_s: float = 5.0

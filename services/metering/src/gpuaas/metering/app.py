@@ -10,6 +10,7 @@ from gpuaas.kit.app import ServiceSpec
 from gpuaas.kit.app import create_app as kit_create_app
 from gpuaas.metering import SERVICE, api
 from gpuaas.metering.handlers import subscriptions
+from gpuaas.metering.metrics import MeteringMetrics
 from gpuaas.metering.models import metadata
 from gpuaas.metering.reconciler import window_closer
 from gpuaas.metering.settings import Settings
@@ -21,6 +22,7 @@ SPEC = ServiceSpec(
     subscriptions=subscriptions,
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,
+    metrics=MeteringMetrics,
     background=[window_closer],
     description="Meters and usage records from lifecycle events; the app usage producer API.",
 )

@@ -104,8 +104,10 @@ def start_agent(stack: Target, token: str, name: str, gpus: str, **extra: str) -
     )
 
 
-async def ssh(endpoint: dict[str, Any], key: asyncssh.SSHKey, command: str, timeout_s: float = 120) -> str:
-    async with asyncssh.connect(
+def ssh_connect(endpoint: dict[str, Any], key: asyncssh.SSHKey) -> Any:
+    """`async with ssh_connect(...) as conn`: an allocation's SSH endpoint (`ssh_endpoint` of its answer)
+    with `key` alone: no agent, no ssh config, no known hosts."""
+    return asyncssh.connect(
         endpoint["host"],
         endpoint["port"],
         username=endpoint["username"],
@@ -113,7 +115,11 @@ async def ssh(endpoint: dict[str, Any], key: asyncssh.SSHKey, command: str, time
         known_hosts=None,
         agent_path=None,
         config=None,
-    ) as conn:
+    )
+
+
+async def ssh(endpoint: dict[str, Any], key: asyncssh.SSHKey, command: str, timeout_s: float = 120) -> str:
+    async with ssh_connect(endpoint, key) as conn:
         r = await conn.run(command, timeout=timeout_s)
         assert r.exit_status == 0, (command, r.stdout, r.stderr)
         return str(r.stdout)

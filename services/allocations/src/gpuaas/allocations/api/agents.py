@@ -7,7 +7,7 @@
     POST /agent/tasks/{id}/complete   the outcome, applied once (repeats are no-ops)
 
 Task wake-ups: the use case that queues a task sends `pg_notify('allocations_tasks', host_id)` in
-its transaction; every replica LISTENs (`listen_for_tasks`), so a long-poll on any replica returns
+its transaction; every replica LISTENs (`reconciler.listen_for_tasks`), so a long-poll on any replica returns
 right after commit.
 """
 
@@ -18,38 +18,15 @@ import uuid
 from contextlib import suppress
 from typing import Any
 
-import asyncpg
 from fastapi import APIRouter, Query, Request
 
 from gpuaas.allocations import service
 from gpuaas.allocations.api.schemas import Completion, Progress, Register, Registered, Task
 from gpuaas.allocations.runtime import AllocationsRuntime
 from gpuaas.allocations.settings import Settings
-from gpuaas.kit.app import Kit, KitRuntime
-from gpuaas.kit.db import to_plain_url
-from gpuaas.kit.loops import run_periodically, wait_or_stop
+from gpuaas.kit.app import Kit
 
 router = APIRouter(prefix="/agent", tags=["agent"])
-TASKS_CHANNEL = "allocations_tasks"
-
-
-async def listen_for_tasks(kit: KitRuntime) -> None:
-    """Background loop: LISTEN allocations_tasks and wake the long-polls of that host. While the listener
-    is down (logged, reconnected after 2 s) the long-polls fall back to polling every second."""
-    wakeups = kit.state_as(AllocationsRuntime).wakeups
-    dsn = to_plain_url(kit.settings.database_url.get_secret_value())
-
-    async def listen() -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.add_listener(TASKS_CHANNEL, lambda _c, _p, _ch, payload: wakeups.notify(payload))
-            while not conn.is_closed() and not await wait_or_stop(kit.stopping, 5):
-                await conn.execute("SELECT 1")
-        finally:
-            if not conn.is_closed():
-                await conn.close()
-
-    await run_periodically(kit, "task_listener", 2.0, listen)
 
 
 def _token(request: Request) -> str | None:

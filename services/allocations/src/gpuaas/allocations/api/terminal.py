@@ -39,10 +39,10 @@ _CLOSE = {401: 4401, 403: 4403, 404: 4404, 409: 4409}
 
 @router.websocket("/allocations/{allocation_id}/terminal")
 async def terminal(websocket: WebSocket, allocation_id: uuid.UUID) -> None:
-    kit = kit_of(websocket)  # type: ignore[arg-type]  # a WebSocket carries the app like a Request
+    kit = kit_of(websocket)
     await websocket.accept()
     try:
-        principal = await current_principal(websocket)  # type: ignore[arg-type]
+        principal = await current_principal(websocket)
         async with kit.sessions() as session, session.begin():
             target = await service.open_terminal(session, principal, allocation_id)
     except Problem as exc:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.types import DecoratedCallable
 from sse_starlette.sse import EventSourceResponse
 
 from gpuaas.allocations import service
@@ -33,9 +34,31 @@ from gpuaas.contracts.events.allocations import SshGrantState
 from gpuaas.kit.app import Kit, KitRuntime
 from gpuaas.kit.auth import CurrentPrincipal, Principal
 from gpuaas.kit.iam import action_doc
+from gpuaas.kit.paging import PageRequest, page_params, set_next_link
 from gpuaas.kit.versioning import ExpectedVersion, set_etag
 
 router = APIRouter()
+
+
+def _allocation_read(path: str, response_model: object) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    return router.get(
+        path, response_model=response_model, tags=["allocations"], openapi_extra=action_doc("allocations.read")
+    )
+
+
+def _allocation_change(
+    path: str, action: str, description: str | None = None
+) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """An asynchronous change of an allocation (202), answering the allocation with its new ETag."""
+    return router.post(
+        path,
+        response_model=Allocation,
+        status_code=202,
+        tags=["allocations"],
+        description=description,
+        openapi_extra=action_doc(action),
+    )
+
 
 # ------------------------------------------------------------------------------------------- allocations
 
@@ -67,33 +90,47 @@ async def create_allocation(
     )
 
 
-@router.get(
-    "/projects/{project_id}/allocations",
-    response_model=list[Allocation],
-    tags=["allocations"],
-    openapi_extra=action_doc("allocations.read"),
-)
+_ALLOCATION_PAGE = Depends(page_params(default=500, maximum=1000))
+
+
+@_allocation_read("/projects/{project_id}/allocations", list[Allocation])
 async def list_project_allocations(
-    kit: Kit, project_id: uuid.UUID, principal: CurrentPrincipal, include_released: bool = False
+    kit: Kit,
+    request: Request,
+    response: Response,
+    project_id: uuid.UUID,
+    principal: CurrentPrincipal,
+    include_released: bool = False,
+    page: PageRequest = _ALLOCATION_PAGE,
 ) -> list[Allocation]:
+    """Newest first; `?limit=&cursor=` pages (`Link: <...>; rel="next"` while more follow)."""
     async with kit.sessions() as session:
-        return await service.list_allocations(
-            session, principal, project_id=project_id, include_released=include_released
+        items, next_cursor = await service.list_allocations(
+            session, principal, project_id=project_id, include_released=include_released, page=page
         )
+    set_next_link(request, response, next_cursor)
+    return items
 
 
 @router.get("/allocations", response_model=list[Allocation], tags=["allocations"])
-async def list_allocations(kit: Kit, principal: CurrentPrincipal, include_released: bool = False) -> list[Allocation]:
+async def list_allocations(
+    kit: Kit,
+    request: Request,
+    response: Response,
+    principal: CurrentPrincipal,
+    include_released: bool = False,
+    page: PageRequest = _ALLOCATION_PAGE,
+) -> list[Allocation]:
+    """Newest first; `?limit=&cursor=` pages (`Link: <...>; rel="next"` while more follow)."""
     async with kit.sessions() as session:
-        return await service.list_allocations(session, principal, project_id=None, include_released=include_released)
+        items, next_cursor = await service.list_allocations(
+            session, principal, project_id=None, include_released=include_released, page=page
+        )
+    set_next_link(request, response, next_cursor)
+    return items
 
 
-@router.get(
-    "/allocations/{allocation_id}",
-    response_model=Allocation,
-    tags=["allocations"],
-    openapi_extra=action_doc("allocations.read"),
-)
+@_allocation_read("/allocations/{allocation_id}", Allocation)
 async def get_allocation(
     kit: Kit, response: Response, allocation_id: uuid.UUID, principal: CurrentPrincipal
 ) -> Allocation:
@@ -104,14 +141,11 @@ async def get_allocation(
     return allocation
 
 
-@router.post(
+@_allocation_change(
     "/allocations/{allocation_id}/restart",
-    response_model=Allocation,
-    status_code=202,
-    tags=["allocations"],
-    description="Restart in place (asynchronous): same id, host, endpoint, keys "
+    "allocations.update",
+    "Restart in place (asynchronous): same id, host, endpoint, keys "
     "and volumes; running sessions and processes are interrupted.",
-    openapi_extra=action_doc("allocations.update"),
 )
 async def restart(
     kit: Kit, response: Response, allocation_id: uuid.UUID, principal: CurrentPrincipal, expected: ExpectedVersion
@@ -123,13 +157,8 @@ async def restart(
     )
 
 
-@router.post(
-    "/allocations/{allocation_id}/resize",
-    response_model=Allocation,
-    status_code=202,
-    tags=["allocations"],
-    description="Resize a gpu_slice on its host (asynchronous).",
-    openapi_extra=action_doc("allocations.update"),
+@_allocation_change(
+    "/allocations/{allocation_id}/resize", "allocations.update", "Resize a gpu_slice on its host (asynchronous)."
 )
 async def resize(
     kit: Kit,
@@ -148,13 +177,8 @@ async def resize(
     )
 
 
-@router.post(
-    "/allocations/{allocation_id}/release",
-    response_model=Allocation,
-    status_code=202,
-    tags=["allocations"],
-    description="Release (asynchronous); billing stops now.",
-    openapi_extra=action_doc("allocations.release"),
+@_allocation_change(
+    "/allocations/{allocation_id}/release", "allocations.release", "Release (asynchronous); billing stops now."
 )
 async def release(
     kit: Kit, response: Response, allocation_id: uuid.UUID, principal: CurrentPrincipal, expected: ExpectedVersion
@@ -162,13 +186,7 @@ async def release(
     return await _release(kit, response, allocation_id, principal, expected, retry=False)
 
 
-@router.post(
-    "/allocations/{allocation_id}/retry-release",
-    response_model=Allocation,
-    status_code=202,
-    tags=["allocations"],
-    openapi_extra=action_doc("allocations.release"),
-)
+@_allocation_change("/allocations/{allocation_id}/retry-release", "allocations.release")
 async def retry_release(
     kit: Kit, response: Response, allocation_id: uuid.UUID, principal: CurrentPrincipal, expected: ExpectedVersion
 ) -> Allocation:
@@ -193,12 +211,7 @@ async def _release(
     )
 
 
-@router.get(
-    "/allocations/{allocation_id}/timeline",
-    response_model=list[TimelineEntry],
-    tags=["allocations"],
-    openapi_extra=action_doc("allocations.read"),
-)
+@_allocation_read("/allocations/{allocation_id}/timeline", list[TimelineEntry])
 async def get_timeline(
     kit: Kit, allocation_id: uuid.UUID, principal: CurrentPrincipal, after: int = Query(0, ge=0)
 ) -> list[TimelineEntry]:
@@ -233,6 +246,19 @@ async def stream_timeline(
                 entries = await service.timeline_entries(session, allocation_id, last)
 
     return EventSourceResponse(events(), ping=15)
+
+
+def _storage_route(
+    method: str, path: str, action: str, response_model: object = Volume, status_code: int | None = None
+) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    return router.api_route(
+        path,
+        methods=[method],
+        response_model=response_model,
+        status_code=status_code,
+        tags=["storage"],
+        openapi_extra=action_doc(action),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- SSH keys
@@ -312,13 +338,7 @@ async def revoke_grant(
 # ----------------------------------------------------------------------------------------------- volumes
 
 
-@router.post(
-    "/projects/{project_id}/volumes",
-    response_model=Volume,
-    status_code=201,
-    tags=["storage"],
-    openapi_extra=action_doc("allocations.volume.manage"),
-)
+@_storage_route("POST", "/projects/{project_id}/volumes", "allocations.volume.manage", status_code=201)
 async def create_volume(kit: Kit, project_id: uuid.UUID, body: VolumeCreate, principal: CurrentPrincipal) -> Any:
     async with kit.sessions() as session, session.begin():
         state = await service.create_volume(
@@ -333,44 +353,26 @@ async def create_volume(kit: Kit, project_id: uuid.UUID, body: VolumeCreate, pri
     return volume_view(state)
 
 
-@router.get(
-    "/projects/{project_id}/volumes",
-    response_model=list[Volume],
-    tags=["storage"],
-    openapi_extra=action_doc("allocations.read"),
-)
+@_storage_route("GET", "/projects/{project_id}/volumes", "allocations.read", response_model=list[Volume])
 async def list_volumes(kit: Kit, project_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with kit.sessions() as session:
         return [volume_view(v) for v in await service.list_volumes(session, principal, project_id)]
 
 
-@router.get(
-    "/volumes/{volume_id}", response_model=Volume, tags=["storage"], openapi_extra=action_doc("allocations.read")
-)
+@_storage_route("GET", "/volumes/{volume_id}", "allocations.read")
 async def get_volume(kit: Kit, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with kit.sessions() as session:
         return volume_view(await service.get_volume(session, principal, volume_id))
 
 
-@router.delete(
-    "/volumes/{volume_id}",
-    response_model=Volume,
-    tags=["storage"],
-    openapi_extra=action_doc("allocations.volume.manage"),
-)
+@_storage_route("DELETE", "/volumes/{volume_id}", "allocations.volume.manage")
 async def delete_volume(kit: Kit, volume_id: uuid.UUID, principal: CurrentPrincipal) -> Any:
     async with kit.sessions() as session, session.begin():
         state = await service.delete_volume(session, principal, volume_id)
     return volume_view(state)
 
 
-@router.post(
-    "/allocations/{allocation_id}/volumes",
-    response_model=Volume,
-    status_code=201,
-    tags=["storage"],
-    openapi_extra=action_doc("allocations.update"),
-)
+@_storage_route("POST", "/allocations/{allocation_id}/volumes", "allocations.update", status_code=201)
 async def attach(
     kit: Kit,
     response: Response,
@@ -390,12 +392,7 @@ async def attach(
     return volume_view(state)
 
 
-@router.delete(
-    "/allocations/{allocation_id}/volumes/{volume_id}",
-    response_model=Volume,
-    tags=["storage"],
-    openapi_extra=action_doc("allocations.update"),
-)
+@_storage_route("DELETE", "/allocations/{allocation_id}/volumes/{volume_id}", "allocations.update")
 async def detach(
     kit: Kit,
     response: Response,

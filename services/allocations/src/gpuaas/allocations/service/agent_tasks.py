@@ -11,6 +11,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE
+from gpuaas.allocations.metrics import activated
 from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments
 from gpuaas.allocations.service.agents import host_by_token
 from gpuaas.allocations.service.common import SYSTEM, _free_capacity, _timeline, _transition, alloc_state, now
@@ -163,6 +164,7 @@ async def _on_provision(
             ssh_port=result.get("ssh_port") or host.ssh_port,
             failure_reason=None,
         )
+        activated(session, alloc.requested_at, t)
         await add_event(
             session, allocation_events.AllocationActivated.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )

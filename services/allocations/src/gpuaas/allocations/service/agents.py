@@ -11,6 +11,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE
+from gpuaas.allocations.metrics import heartbeat_lost
 from gpuaas.allocations.models import agent_tasks, allocations, hosts
 from gpuaas.allocations.service.common import SYSTEM, _timeline, _update_alloc, alloc_state, now
 from gpuaas.allocations.service.hosts import _update_host, hash_token, host_state
@@ -157,6 +158,7 @@ async def mark_lost_hosts(session: AsyncSession, *, timeout_s: float) -> list[uu
             session, host.host_id, f"host {host.name} is unreachable: its agent has not reported since {since}"
         )
         lost.append(host.host_id)
+    heartbeat_lost(session, len(lost))
     return lost
 
 

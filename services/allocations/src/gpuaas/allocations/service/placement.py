@@ -1,26 +1,42 @@
-"""Placement: free GPU capacity per host and the reservation of GPUs on one host, never double-booked."""
+"""Placement: free GPU capacity per host and the reservation of GPUs on one host, never double-booked.
+
+Candidates come from `host_capacity` (per host and GPU model: total and assigned, kept exact by
+triggers, see migration allocations_0005), read best fit first in small batches, so the cost of a
+create does not grow with the number of allocations. The chosen host's row is then locked and that
+one host's GPU list and assignments are re-read under the lock before GPUs are inserted: the table
+only steers the choice, the lock and gpu_assignments' primary key keep GPUs from being double-booked.
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import exists, insert, literal, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import domain
-from gpuaas.allocations.models import gpu_assignments, hosts
+from gpuaas.allocations.metrics import refused
+from gpuaas.allocations.models import gpu_assignments, host_capacity, hosts
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import HostStatus
 from gpuaas.kit.errors import Conflict, Unprocessable
 
+_BATCH = 32  # candidate hosts read per query; most creates take the first
 
-async def _capacities(session: AsyncSession, host_ids: list[uuid.UUID] | None = None) -> list[domain.HostCapacity]:
-    q = select(hosts.c.host_id, hosts.c.name, hosts.c.status, hosts.c.host_class, hosts.c.gpus)
-    if host_ids is not None:
-        q = q.where(hosts.c.host_id.in_(host_ids))
-    host_rows = (await session.execute(q)).all()
-    used_rows = await session.execute(select(gpu_assignments.c.host_id, gpu_assignments.c.gpu_index))
+
+async def _capacities(
+    session: AsyncSession, host_ids: list[uuid.UUID], *, host_rows: list[Any] | None = None
+) -> list[domain.HostCapacity]:
+    """Exact capacity of these hosts (their GPU lists and assignments), read by host id only
+    (`host_rows`: the hosts' rows when the caller has just read them, e.g. under its lock)."""
+    if host_rows is None:
+        q = select(hosts.c.host_id, hosts.c.name, hosts.c.status, hosts.c.host_class, hosts.c.gpus)
+        host_rows = list((await session.execute(q.where(hosts.c.host_id.in_(host_ids)))).all())
+    used_rows = await session.execute(
+        select(gpu_assignments.c.host_id, gpu_assignments.c.gpu_index).where(gpu_assignments.c.host_id.in_(host_ids))
+    )
     used: dict[uuid.UUID, set[int]] = {}
     for r in used_rows:
         used.setdefault(r.host_id, set()).add(r.gpu_index)
@@ -37,6 +53,57 @@ async def _capacities(session: AsyncSession, host_ids: list[uuid.UUID] | None = 
     return out
 
 
+async def _candidate_ids(
+    session: AsyncSession, *, shape: CapacityShape, model: str, count: int, host_class: str | None
+) -> AsyncIterator[uuid.UUID]:
+    """Ready hosts that (by host_capacity) can take the request, best fit first (fewest free GPUs
+    of the model left over, then name) as domain.candidates orders them, read in batches."""
+    free = (host_capacity.c.total - host_capacity.c.used).label("free")
+    q = (
+        select(host_capacity.c.host_id, hosts.c.name, free)
+        .join(hosts, hosts.c.host_id == host_capacity.c.host_id)
+        .where(host_capacity.c.gpu_model == model, hosts.c.status == HostStatus.ready)
+    )
+    if host_class:
+        q = q.where(hosts.c.host_class == host_class)
+    if shape is CapacityShape.baremetal:
+        other = host_capacity.alias("other")
+        q = q.where(
+            host_capacity.c.used == 0,
+            host_capacity.c.total > 0,
+            ~exists().where(other.c.host_id == host_capacity.c.host_id, other.c.gpu_model != model),
+        )
+    else:
+        q = q.where(free >= count)
+    after: tuple[int, str] | None = None
+    while True:
+        page = (
+            q if after is None else q.where(tuple_(free, hosts.c.name) > tuple_(literal(after[0]), literal(after[1])))
+        )
+        rows = (await session.execute(page.order_by(free, hosts.c.name).limit(_BATCH))).all()
+        for r in rows:
+            yield r.host_id
+        if len(rows) < _BATCH:
+            return
+        after = (rows[-1].free, rows[-1].name)
+
+
+async def _unknown_model(session: AsyncSession, model: str) -> None:
+    offered = select(host_capacity.c.host_id).join(hosts, hosts.c.host_id == host_capacity.c.host_id)
+    offered = offered.where(
+        host_capacity.c.gpu_model == model, host_capacity.c.total > 0, hosts.c.status != HostStatus.decommissioned
+    )
+    if (await session.execute(offered.limit(1))).first() is not None:
+        return
+    known = (
+        await session.execute(select(host_capacity.c.gpu_model).distinct().order_by(host_capacity.c.gpu_model))
+    ).scalars()
+    refused(session, "unknown_gpu_model")
+    raise Unprocessable(
+        f"no host offers GPU model {model!r}; known models: {', '.join(known) or 'none'}", code="unknown_gpu_model"
+    )
+
+
 async def _place(
     session: AsyncSession,
     *,
@@ -49,21 +116,19 @@ async def _place(
     """Pick a host and reserve GPUs on it. Host rows are locked one at a time and capacity is
     re-read under the lock, so concurrent creates queue and never double-book (the primary key
     of gpu_assignments is the last line of defence)."""
-    snapshot = await _capacities(session)
-    if not any(model in h.gpu_indices_by_model for h in snapshot if h.status != HostStatus.decommissioned):
-        known = sorted({m for h in snapshot for m in h.gpu_indices_by_model})
-        raise Unprocessable(
-            f"no host offers GPU model {model!r}; known models: {', '.join(known) or 'none'}", code="unknown_gpu_model"
-        )
     want = count or 1
+    any_candidate = False
     # Pass 1 skips hosts other requests hold, so concurrent creates spread over hosts; pass 2 waits.
     for skip_locked in (True, False):
-        for cand in domain.candidates(snapshot, shape=shape, model=model, count=want, host_class=host_class):
-            lock = select(hosts).where(hosts.c.host_id == cand.host_id).with_for_update(skip_locked=skip_locked)
+        async for host_id in _candidate_ids(session, shape=shape, model=model, count=want, host_class=host_class):
+            any_candidate = True
+            lock = select(hosts).where(hosts.c.host_id == host_id).with_for_update(skip_locked=skip_locked)
             host = (await session.execute(lock)).first()
             if host is None or host.status != HostStatus.ready:
                 continue
-            fresh = (await _capacities(session, [cand.host_id]))[0]
+            fresh = (await _capacities(session, [host_id], host_rows=[host]))[0]
+            if not domain.candidates([fresh], shape=shape, model=model, count=want, host_class=host_class):
+                continue
             picked = domain.pick_gpus(fresh, shape=shape, model=model, count=want)
             if picked is None or (shape is CapacityShape.baremetal and count and count != len(picked)):
                 continue
@@ -72,8 +137,10 @@ async def _place(
                 [{"host_id": host.host_id, "gpu_index": i, "allocation_id": alloc_id} for i in picked],
             )
             return host, picked
-        snapshot = await _capacities(session)
+    if not any_candidate:  # no candidate at all: is the model offered anywhere? (422 rather than 409)
+        await _unknown_model(session, model)
     what = f"a whole {model} host" if shape is CapacityShape.baremetal else f"{want} free {model} GPUs on one host"
+    refused(session, "insufficient_capacity")
     raise Conflict(
         f"no ready host has {what}" + (f" in class {host_class!r}" if host_class else ""), code="insufficient_capacity"
     )

@@ -9,6 +9,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
+from gpuaas.allocations.metrics import refused
 from gpuaas.allocations.models import allocations, quotas
 from gpuaas.allocations.views import Quota
 from gpuaas.kit import audit, iam
@@ -35,6 +36,7 @@ async def _check_quota(session: AsyncSession, project_id: uuid.UUID, extra: int)
     q = (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).one()
     used = await _project_gpu_usage(session, project_id)
     if used + extra > q.max_gpus:
+        refused(session, "quota_exceeded")
         raise Conflict(
             f"the project's GPU quota is {q.max_gpus}; {used} are in use and {extra} more were asked for",
             code="quota_exceeded",

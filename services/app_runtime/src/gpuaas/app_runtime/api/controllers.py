@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from gpuaas.app_runtime import service
+from gpuaas.app_runtime.api.calls import change, read
 from gpuaas.app_runtime.api.schemas import (
     PRECONDITION,
     SLUG,
@@ -27,11 +28,10 @@ from gpuaas.app_runtime.api.schemas import (
     Member,
     MemberReport,
     Operation,
-    OperationRequest,
     Page,
     TimelineEntry,
 )
-from gpuaas.app_runtime.api.users import operation_request
+from gpuaas.app_runtime.api.users import request_operation
 from gpuaas.app_runtime.runtime import AppRuntimeState
 from gpuaas.app_runtime.service import (
     ClaimView,
@@ -45,7 +45,6 @@ from gpuaas.app_runtime.settings import Settings
 from gpuaas.contracts.events.app_runtime import OperationStatus
 from gpuaas.kit.app import Kit, KitRuntime
 from gpuaas.kit.auth import CurrentPrincipal
-from gpuaas.kit.versioning import ExpectedVersion
 
 router = APIRouter()
 
@@ -64,16 +63,17 @@ async def controller_instances(
     include_final: bool = False,
 ) -> dict[str, list[InstanceView]]:
     """Desired state of every instance of this controller's app in its project."""
-    async with kit.sessions() as session:
-        return {"items": await service.controller_instances(session, principal, app_slug, include_final=include_final)}
+    items = await read(
+        kit, lambda session: service.controller_instances(session, principal, app_slug, include_final=include_final)
+    )
+    return {"items": items}
 
 
 @router.get("/controller/instances/{instance_id}/members", response_model=Page[Member], tags=["controller"])
 async def controller_members(
     instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit
 ) -> dict[str, list[MemberView]]:
-    async with kit.sessions() as session:
-        return {"items": await service.controller_members(session, principal, instance_id)}
+    return {"items": await read(kit, lambda session: service.controller_members(session, principal, instance_id))}
 
 
 @router.get("/controller/operations", response_model=Page[Operation], tags=["controller"])
@@ -83,8 +83,8 @@ async def controller_operations(
     app_slug: Annotated[str, Query(pattern=SLUG)],
     status: Annotated[list[OperationStatus] | None, Query()] = None,
 ) -> dict[str, list[OperationView]]:
-    async with kit.sessions() as session:
-        items = await service.controller_operations(session, principal, app_slug, [s.value for s in status or []])
+    statuses = [s.value for s in status or []]
+    items = await read(kit, lambda session: service.controller_operations(session, principal, app_slug, statuses))
     return {"items": items}
 
 
@@ -95,15 +95,17 @@ async def controller_operations(
     responses={204: {"description": "nothing to claim"}},
 )
 async def controller_claim(body: ClaimRequest, principal: CurrentPrincipal, kit: Kit) -> ClaimView | Response:
-    async with kit.sessions() as session, session.begin():
-        claimed = await service.claim(
+    claimed = await change(
+        kit,
+        lambda session: service.claim(
             session,
             principal,
             app_slug=body.app_slug,
             operation_id=body.operation_id,
             lease_s=_lease_s(kit, body.lease_s),
             holder=body.holder,
-        )
+        ),
+    )
     return Response(status_code=204) if claimed is None else claimed
 
 
@@ -111,8 +113,9 @@ async def controller_claim(body: ClaimRequest, principal: CurrentPrincipal, kit:
 async def controller_heartbeat(
     operation_id: uuid.UUID, body: Heartbeat, principal: CurrentPrincipal, kit: Kit
 ) -> OperationView:
-    async with kit.sessions() as session, session.begin():
-        return await service.heartbeat(
+    return await change(
+        kit,
+        lambda session: service.heartbeat(
             session,
             principal,
             operation_id,
@@ -120,68 +123,72 @@ async def controller_heartbeat(
             lease_s=_lease_s(kit, body.lease_s),
             message=body.message,
             percent=body.percent,
-        )
+        ),
+    )
 
 
 @router.post("/controller/operations/{operation_id}/complete", response_model=Operation, tags=["controller"])
 async def controller_complete(
     operation_id: uuid.UUID, body: Completion, principal: CurrentPrincipal, kit: Kit
 ) -> OperationView:
-    async with kit.sessions() as session, session.begin():
-        return await service.complete(
+    return await change(
+        kit,
+        lambda session: service.complete(
             session, principal, operation_id, body.lease_token, body.result, body.member_detail
-        )
+        ),
+    )
 
 
 @router.post("/controller/operations/{operation_id}/fail", response_model=Operation, tags=["controller"])
 async def controller_fail(
     operation_id: uuid.UUID, body: Failure, principal: CurrentPrincipal, kit: Kit
 ) -> OperationView:
-    async with kit.sessions() as session, session.begin():
-        return await service.controller_fail(session, principal, operation_id, body.lease_token, body.error)
+    return await change(
+        kit, lambda session: service.controller_fail(session, principal, operation_id, body.lease_token, body.error)
+    )
 
 
-@router.post(
+# The users' route itself (the use case tells the instance's controller from a user), under its own name.
+router.add_api_route(
     "/controller/instances/{instance_id}/operations",
+    request_operation,
+    methods=["POST"],
+    name="controller_request_operation",
+    description="As `POST /instances/{instance_id}/operations`, for the instance's controller (If-Match optional).",
     response_model=Operation,
     status_code=201,
     tags=["controller"],
     responses=PRECONDITION,
 )
-async def controller_request_operation(
-    instance_id: uuid.UUID,
-    body: OperationRequest,
-    principal: CurrentPrincipal,
-    kit: Kit,
-    response: Response,
-    expected: ExpectedVersion,
-) -> OperationView:
-    """As `POST /instances/{instance_id}/operations`, for the instance's controller (If-Match optional)."""
-    return await operation_request(kit, principal, instance_id, body, response, expected)
 
 
 @router.put("/controller/instances/{instance_id}/status", response_model=Instance, tags=["controller"])
 async def controller_report_instance(
     instance_id: uuid.UUID, body: InstanceReport, principal: CurrentPrincipal, kit: Kit
 ) -> InstanceView:
-    async with kit.sessions() as session, session.begin():
-        return await service.report_instance(
+    health = body.health.model_dump(mode="json", exclude={"checked_at"}) if body.health else None
+    return await change(
+        kit,
+        lambda session: service.report_instance(
             session,
             principal,
             instance_id,
             status=body.status,
-            health=body.health.model_dump(mode="json", exclude={"checked_at"}) if body.health else None,
+            health=health,
             runtime_detail=body.runtime_detail,
             app_version=body.app_version,
-        )
+        ),
+    )
 
 
 @router.put("/controller/members/{member_id}/status", response_model=Member, tags=["controller"])
 async def controller_report_member(
     member_id: uuid.UUID, body: MemberReport, principal: CurrentPrincipal, kit: Kit
 ) -> MemberView:
-    async with kit.sessions() as session, session.begin():
-        return await service.report_member(session, principal, member_id, status=body.status, detail=body.detail)
+    return await change(
+        kit,
+        lambda session: service.report_member(session, principal, member_id, status=body.status, detail=body.detail),
+    )
 
 
 @router.post(
@@ -191,10 +198,12 @@ async def controller_event(
     instance_id: uuid.UUID, body: ControllerEvent, principal: CurrentPrincipal, kit: Kit
 ) -> TimelineEntryView:
     """Add an adapter event (e.g. `slurm.partition_ready`) to the instance timeline."""
-    async with kit.sessions() as session, session.begin():
-        return await service.controller_event(
+    return await change(
+        kit,
+        lambda session: service.controller_event(
             session, principal, instance_id, kind=body.kind, message=body.message, data=body.data
-        )
+        ),
+    )
 
 
 @router.get("/controller/instances/{instance_id}/credential", response_model=CredentialSecret, tags=["controller"])
@@ -202,8 +211,7 @@ async def controller_credential(
     instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit, response: Response
 ) -> ControllerCredential:
     """The instance's SSH private key, for its controller only (audited; never cached)."""
-    async with kit.sessions() as session, session.begin():
-        found = await service.credential_for_controller(session, principal, instance_id)
+    found = await change(kit, lambda session: service.credential_for_controller(session, principal, instance_id))
     credential = await service.open_credential(kit.state_as(AppRuntimeState).custody, found)  # outside it
     response.headers["Cache-Control"] = "no-store"
     return credential

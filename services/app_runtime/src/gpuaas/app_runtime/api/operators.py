@@ -7,12 +7,14 @@ version that moved on is 412 `version_mismatch`. Each answers the operation with
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from fastapi import APIRouter, Response
+from fastapi.types import DecoratedCallable
 
 from gpuaas.app_runtime import service
+from gpuaas.app_runtime.api.calls import versioned_call
 from gpuaas.app_runtime.api.schemas import PRECONDITION, Operation, Reason
-from gpuaas.app_runtime.api.users import versioned
 from gpuaas.app_runtime.service import OperationView
 from gpuaas.kit import iam
 from gpuaas.kit.app import Kit
@@ -22,13 +24,17 @@ from gpuaas.kit.versioning import ExpectedVersion
 router = APIRouter()
 
 
-@router.post(
-    "/operations/{operation_id}/retry",
-    response_model=Operation,
-    tags=["operations"],
-    openapi_extra=iam.action_doc("apps.operation.manage"),
-    responses=PRECONDITION,
-)
+def _recovery(path: str) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    return router.post(
+        path,
+        response_model=Operation,
+        tags=["operations"],
+        openapi_extra=iam.action_doc("apps.operation.manage"),
+        responses=PRECONDITION,
+    )
+
+
+@_recovery("/operations/{operation_id}/retry")
 async def retry_operation(
     operation_id: uuid.UUID,
     body: Reason,
@@ -38,18 +44,12 @@ async def retry_operation(
     expected: ExpectedVersion,
 ) -> OperationView:
     """If-Match names the operation's version (`version` in its listing, or a previous answer's ETag)."""
-    async with kit.sessions() as session, session.begin():
-        op = await service.retry_operation(session, principal, operation_id, body.reason, expected_version=expected)
-    return versioned(response, op)
+    return await versioned_call(
+        kit, response, service.retry_operation, principal, operation_id, body.reason, expected=expected
+    )
 
 
-@router.post(
-    "/operations/{operation_id}/cancel",
-    response_model=Operation,
-    tags=["operations"],
-    openapi_extra=iam.action_doc("apps.operation.manage"),
-    responses=PRECONDITION,
-)
+@_recovery("/operations/{operation_id}/cancel")
 async def cancel_operation(
     operation_id: uuid.UUID,
     body: Reason,
@@ -59,18 +59,12 @@ async def cancel_operation(
     expected: ExpectedVersion,
 ) -> OperationView:
     """If-Match names the operation's version (`version` in its listing, or a previous answer's ETag)."""
-    async with kit.sessions() as session, session.begin():
-        op = await service.cancel_operation(session, principal, operation_id, body.reason, expected_version=expected)
-    return versioned(response, op)
+    return await versioned_call(
+        kit, response, service.cancel_operation, principal, operation_id, body.reason, expected=expected
+    )
 
 
-@router.post(
-    "/operations/{operation_id}/force-fail",
-    response_model=Operation,
-    tags=["operations"],
-    openapi_extra=iam.action_doc("apps.operation.manage"),
-    responses=PRECONDITION,
-)
+@_recovery("/operations/{operation_id}/force-fail")
 async def force_fail_operation(
     operation_id: uuid.UUID,
     body: Reason,
@@ -79,8 +73,6 @@ async def force_fail_operation(
     response: Response,
     expected: ExpectedVersion,
 ) -> OperationView:
-    async with kit.sessions() as session, session.begin():
-        op = await service.force_fail_operation(
-            session, principal, operation_id, body.reason, expected_version=expected
-        )
-    return versioned(response, op)
+    return await versioned_call(
+        kit, response, service.force_fail_operation, principal, operation_id, body.reason, expected=expected
+    )

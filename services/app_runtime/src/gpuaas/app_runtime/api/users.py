@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from typing import Annotated, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.types import DecoratedCallable
 from sse_starlette.sse import EventSourceResponse
 
 from gpuaas.app_runtime import service
+from gpuaas.app_runtime.api.calls import change, read, versioned, versioned_call
 from gpuaas.app_runtime.api.schemas import (
     PRECONDITION,
     ControllerBinding,
@@ -46,20 +48,30 @@ from gpuaas.app_runtime.service import (
 from gpuaas.app_runtime.settings import Settings
 from gpuaas.contracts.enums import InstanceStatus
 from gpuaas.kit import iam
-from gpuaas.kit.app import Kit, KitRuntime
-from gpuaas.kit.auth import CurrentPrincipal, Principal, current_principal
-from gpuaas.kit.versioning import ExpectedVersion, set_etag
+from gpuaas.kit.app import Kit
+from gpuaas.kit.auth import CurrentPrincipal, current_principal
+from gpuaas.kit.paging import PageRequest, page_params, set_next_link
+from gpuaas.kit.versioning import ExpectedVersion
 
 router = APIRouter()
 
 
-VersionedT = TypeVar("VersionedT", InstanceView, OperationView)
+def _instance_read(path: str, response_model: object, tag: str) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """A GET of what an instance's readers may see."""
+    return router.get(
+        path, response_model=response_model, tags=[tag], openapi_extra=iam.action_doc("apps.instance.read")
+    )
 
 
-def versioned(response: Response, view: VersionedT) -> VersionedT:
-    """The view, with its version as the response's ETag."""
-    set_etag(response, view.version)
-    return view
+def _instance_change(path: str) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """A POST changing an instance (If-Match: its version), answering the instance with its new ETag."""
+    return router.post(
+        path,
+        response_model=Instance,
+        tags=["instances"],
+        openapi_extra=iam.action_doc("apps.instance.manage"),
+        responses=PRECONDITION,
+    )
 
 
 @router.put(
@@ -72,8 +84,9 @@ async def bind_controller(
     project_id: uuid.UUID, app_slug: str, body: ControllerBinding, principal: CurrentPrincipal, kit: Kit
 ) -> ControllerBindingView:
     """Make a service account (scope `app-controller`) the controller of an app in this project."""
-    async with kit.sessions() as session, session.begin():
-        return await service.bind_controller(session, principal, project_id, app_slug, body.service_account_id)
+    return await change(
+        kit, lambda session: service.bind_controller(session, principal, project_id, app_slug, body.service_account_id)
+    )
 
 
 @router.post(
@@ -102,42 +115,40 @@ async def deploy(project_id: uuid.UUID, body: DeployRequest, principal: CurrentP
         )
 
 
+_INSTANCE_PAGE = Depends(page_params(default=100, maximum=500))
+
+
 @router.get("/instances", response_model=Page[Instance], tags=["instances"])
 async def list_instances(
     principal: CurrentPrincipal,
     kit: Kit,
+    request: Request,
+    response: Response,
     project_id: uuid.UUID | None = None,
     app_slug: str | None = None,
     status: InstanceStatus | None = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    page: PageRequest = _INSTANCE_PAGE,
 ) -> dict[str, list[InstanceView]]:
+    """Newest first; `?limit=&cursor=` pages (`Link: <...>; rel="next"` while more follow)."""
     async with kit.sessions() as session:
-        items = await service.list_instances(
-            session, principal, project_id=project_id, app_slug=app_slug, status=status, limit=limit
+        items, next_cursor = await service.list_instances(
+            session, principal, project_id=project_id, app_slug=app_slug, status=status, page=page
         )
+    set_next_link(request, response, next_cursor)
     return {"items": items}
 
 
-@router.get(
-    "/instances/{instance_id}",
-    response_model=Instance,
-    tags=["instances"],
-    openapi_extra=iam.action_doc("apps.instance.read"),
-)
+@_instance_read("/instances/{instance_id}", Instance, "instances")
 async def get_instance(
     instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit, response: Response
 ) -> InstanceView:
     """The instance; `ETag` is its version, for If-Match on the instance's mutations."""
-    async with kit.sessions() as session:
-        return versioned(response, await service.readable_instance(session, principal, instance_id))
+    return versioned(
+        response, await read(kit, lambda session: service.readable_instance(session, principal, instance_id))
+    )
 
 
-@router.get(
-    "/instances/{instance_id}/members",
-    response_model=Page[Member],
-    tags=["instances"],
-    openapi_extra=iam.action_doc("apps.instance.read"),
-)
+@_instance_read("/instances/{instance_id}/members", Page[Member], "instances")
 async def list_members(
     instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit, include_tombstones: bool = False
 ) -> dict[str, list[MemberView]]:
@@ -146,12 +157,7 @@ async def list_members(
     return {"items": items}
 
 
-@router.get(
-    "/instances/{instance_id}/operations",
-    response_model=Page[Operation],
-    tags=["operations"],
-    openapi_extra=iam.action_doc("apps.instance.read"),
-)
+@_instance_read("/instances/{instance_id}/operations", Page[Operation], "operations")
 async def list_operations(
     instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit
 ) -> dict[str, list[OperationView]]:
@@ -176,48 +182,38 @@ async def request_operation(
 ) -> OperationView:
     """Ask for a member operation. If-Match names the instance's version (a request moves it on); the
     answer is the new operation, its `ETag` the operation's version (for retry/cancel/force-fail)."""
-    return await operation_request(kit, principal, instance_id, body, response, expected)
+    # Also the controllers' `POST /controller/instances/{instance_id}/operations` (api/controllers.py): the
+    # use case tells a user from the instance's controller.
+    return await versioned_call(
+        kit,
+        response,
+        service.request_operation,
+        principal,
+        instance_id,
+        body.kind,
+        member_id=body.member_id,
+        allocation_id=body.allocation_id,
+        component_key=body.component_key,
+        params=body.params,
+        expected=expected,
+    )
 
 
-async def operation_request(
-    kit: KitRuntime,
-    principal: Principal,
-    instance_id: uuid.UUID,
-    body: OperationRequest,
-    response: Response,
-    expected: int | None,
-) -> OperationView:
-    """An operation request of a user or of the instance's controller (the use case tells them apart)."""
-    async with kit.sessions() as session, session.begin():
-        op = await service.request_operation(
-            session,
-            principal,
-            instance_id,
-            body.kind,
-            member_id=body.member_id,
-            allocation_id=body.allocation_id,
-            component_key=body.component_key,
-            params=body.params,
-            expected_version=expected,
-        )
-    return versioned(response, op)
-
-
-@router.get(
-    "/instances/{instance_id}/events",
-    response_model=Page[TimelineEntry],
-    tags=["timeline"],
-    openapi_extra=iam.action_doc("apps.instance.read"),
-)
+@_instance_read("/instances/{instance_id}/events", Page[TimelineEntry], "timeline")
 async def timeline(
     instance_id: uuid.UUID,
     principal: CurrentPrincipal,
     kit: Kit,
+    request: Request,
+    response: Response,
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> dict[str, list[TimelineEntryView]]:
+    """Oldest first after `after` (a seq); a full page carries `Link: <...after=LAST>; rel="next"`."""
     async with kit.sessions() as session:
-        return {"items": await service.timeline_entries(session, principal, instance_id, after=after, limit=limit)}
+        items = await service.timeline_entries(session, principal, instance_id, after=after, limit=limit)
+    set_next_link(request, response, str(items[-1].seq) if len(items) == limit else None, param="after")
+    return {"items": items}
 
 
 @router.get(
@@ -254,43 +250,21 @@ async def timeline_stream(
     return EventSourceResponse(events(), ping=10, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-@router.post(
-    "/instances/{instance_id}/stop",
-    response_model=Instance,
-    tags=["instances"],
-    openapi_extra=iam.action_doc("apps.instance.manage"),
-    responses=PRECONDITION,
-)
+@_instance_change("/instances/{instance_id}/stop")
 async def stop(
     instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit, response: Response, expected: ExpectedVersion
 ) -> InstanceView:
-    async with kit.sessions() as session, session.begin():
-        inst = await service.stop(session, principal, instance_id, expected_version=expected)
-    return versioned(response, inst)
+    return await versioned_call(kit, response, service.stop, principal, instance_id, expected=expected)
 
 
-@router.post(
-    "/instances/{instance_id}/start",
-    response_model=Instance,
-    tags=["instances"],
-    openapi_extra=iam.action_doc("apps.instance.manage"),
-    responses=PRECONDITION,
-)
+@_instance_change("/instances/{instance_id}/start")
 async def start(
     instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit, response: Response, expected: ExpectedVersion
 ) -> InstanceView:
-    async with kit.sessions() as session, session.begin():
-        inst = await service.start(session, principal, instance_id, expected_version=expected)
-    return versioned(response, inst)
+    return await versioned_call(kit, response, service.start, principal, instance_id, expected=expected)
 
 
-@router.post(
-    "/instances/{instance_id}/decommission",
-    response_model=Instance,
-    tags=["instances"],
-    openapi_extra=iam.action_doc("apps.instance.manage"),
-    responses=PRECONDITION,
-)
+@_instance_change("/instances/{instance_id}/decommission")
 async def decommission(
     instance_id: uuid.UUID,
     body: Reason,
@@ -301,18 +275,12 @@ async def decommission(
 ) -> InstanceView:
     """Tear down every member; `decommissioned` only after the controller verifies each teardown.
     Also retries a `decommission_failed` instance."""
-    async with kit.sessions() as session, session.begin():
-        inst = await service.decommission(session, principal, instance_id, body.reason, expected_version=expected)
-    return versioned(response, inst)
+    return await versioned_call(
+        kit, response, service.decommission, principal, instance_id, body.reason, expected=expected
+    )
 
 
-@router.post(
-    "/instances/{instance_id}/decommission/force",
-    response_model=Instance,
-    tags=["instances"],
-    openapi_extra=iam.action_doc("apps.instance.manage"),
-    responses=PRECONDITION,
-)
+@_instance_change("/instances/{instance_id}/decommission/force")
 async def force_decommission(
     instance_id: uuid.UUID,
     body: Reason,
@@ -322,18 +290,12 @@ async def force_decommission(
     expected: ExpectedVersion,
 ) -> InstanceView:
     """Complete a failed/stuck decommission without verification: recorded as forced, with the reason."""
-    async with kit.sessions() as session, session.begin():
-        inst = await service.force_decommission(session, principal, instance_id, body.reason, expected_version=expected)
-    return versioned(response, inst)
+    return await versioned_call(
+        kit, response, service.force_decommission, principal, instance_id, body.reason, expected=expected
+    )
 
 
-@router.post(
-    "/instances/{instance_id}/upgrade",
-    response_model=Instance,
-    tags=["instances"],
-    openapi_extra=iam.action_doc("apps.instance.manage"),
-    responses=PRECONDITION,
-)
+@_instance_change("/instances/{instance_id}/upgrade")
 async def upgrade(
     instance_id: uuid.UUID,
     body: VersionChange,
@@ -343,35 +305,23 @@ async def upgrade(
     expected: ExpectedVersion,
 ) -> InstanceView:
     """Set the desired app version; the instance's controller rolls it out and reports it."""
-    async with kit.sessions() as session, session.begin():
-        inst = await service.upgrade(session, principal, instance_id, body.app_version, expected_version=expected)
-    return versioned(response, inst)
+    return await versioned_call(
+        kit, response, service.upgrade, principal, instance_id, body.app_version, expected=expected
+    )
 
 
-@router.post(
-    "/instances/{instance_id}/rollback",
-    response_model=Instance,
-    tags=["instances"],
-    openapi_extra=iam.action_doc("apps.instance.manage"),
-    responses=PRECONDITION,
-)
+@_instance_change("/instances/{instance_id}/rollback")
 async def rollback(
     instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit, response: Response, expected: ExpectedVersion
 ) -> InstanceView:
-    async with kit.sessions() as session, session.begin():
-        inst = await service.upgrade(session, principal, instance_id, None, rollback=True, expected_version=expected)
-    return versioned(response, inst)
+    return await versioned_call(
+        kit, response, service.upgrade, principal, instance_id, None, rollback=True, expected=expected
+    )
 
 
-@router.get(
-    "/instances/{instance_id}/credential",
-    response_model=CredentialPublic,
-    tags=["credentials"],
-    openapi_extra=iam.action_doc("apps.instance.read"),
-)
+@_instance_read("/instances/{instance_id}/credential", CredentialPublic, "credentials")
 async def credential_public(instance_id: uuid.UUID, principal: CurrentPrincipal, kit: Kit) -> CredentialView:
-    async with kit.sessions() as session:
-        return await service.public_credential(session, principal, instance_id)
+    return await read(kit, lambda session: service.public_credential(session, principal, instance_id))
 
 
 @router.post(
@@ -384,5 +334,4 @@ async def rotate_credential(instance_id: uuid.UUID, principal: CurrentPrincipal,
     async with kit.sessions() as session:  # cheap refusal before any key is made
         await service.authorize_rotation(session, principal, instance_id)
     credential = await service.issue_credential(kit.state_as(AppRuntimeState).custody)  # outside the transaction
-    async with kit.sessions() as session, session.begin():
-        return await service.rotate_credential(session, principal, instance_id, credential)
+    return await change(kit, lambda session: service.rotate_credential(session, principal, instance_id, credential))

@@ -11,7 +11,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, insert, select, update
+from sqlalchemy import ColumnElement, Table, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import EVENT_SOURCE, SERVICE, domain
@@ -23,6 +23,7 @@ from gpuaas.app_runtime.service.views import (
     MemberView,
     OperationView,
     TimelineEntryView,
+    ViewT,
     from_row,
 )
 from gpuaas.contracts import Actor, Event, new_event_id
@@ -327,21 +328,25 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+async def _update_versioned(
+    session: AsyncSession, table: Table, where: ColumnElement[bool], view: type[ViewT], **values: Any
+) -> ViewT:
+    """Update the one row `where` names, moving its version on, and answer it as `view`."""
+    row = (
+        await session.execute(
+            update(table).where(where).values(**values, version=table.c.version + 1).returning(*table.c)
+        )
+    ).one()
+    return from_row(view, row)
+
+
 async def emit_instance(session: AsyncSession, inst: InstanceView, event_cls: type[Event], actor: Actor) -> None:
     await emit(session, event_cls, await instance_state(session, inst), actor)
 
 
 async def update_instance(session: AsyncSession, instance_id: uuid.UUID, actor: Actor, **values: Any) -> InstanceView:
     """Change fields (not status) and emit `instance.updated`."""
-    row = (
-        await session.execute(
-            update(instances)
-            .where(instances.c.instance_id == instance_id)
-            .values(**values, version=instances.c.version + 1)
-            .returning(*instances.c)
-        )
-    ).one()
-    inst = from_row(InstanceView, row)
+    inst = await _update_versioned(session, instances, instances.c.instance_id == instance_id, InstanceView, **values)
     await emit_instance(session, inst, app_runtime_events.InstanceUpdated, actor)
     return inst
 
@@ -350,15 +355,15 @@ async def set_instance_status(
     session: AsyncSession, inst: InstanceView, target: InstanceStatus, actor: Actor, message: str = "", **values: Any
 ) -> InstanceView:
     domain.check_instance_transition(inst.status, target)
-    row = (
-        await session.execute(
-            update(instances)
-            .where(instances.c.instance_id == inst.instance_id)
-            .values(status=target, status_changed_at=now(), version=instances.c.version + 1, **values)
-            .returning(*instances.c)
-        )
-    ).one()
-    new = from_row(InstanceView, row)
+    new = await _update_versioned(
+        session,
+        instances,
+        instances.c.instance_id == inst.instance_id,
+        InstanceView,
+        status=target,
+        status_changed_at=now(),
+        **values,
+    )
     await emit_instance(session, new, STATUS_EVENTS[target], actor)
     await timeline(
         session, inst.instance_id, f"instance.{target}", message or f"instance is {target}", actor, previous=inst.status
@@ -420,15 +425,7 @@ async def update_member(session: AsyncSession, member_id: uuid.UUID, actor: Acto
     or a tombstone."""
     if "status" in values:
         values["status_changed_at"] = now()
-    row = (
-        await session.execute(
-            update(members)
-            .where(members.c.member_id == member_id)
-            .values(**values, version=members.c.version + 1)
-            .returning(*members.c)
-        )
-    ).one()
-    member = from_row(MemberView, row)
+    member = await _update_versioned(session, members, members.c.member_id == member_id, MemberView, **values)
     tombstoned = bool(values.get("tombstoned"))
     event_cls = app_runtime_events.MemberTombstoned if tombstoned else app_runtime_events.MemberUpdated
     await emit(session, event_cls, member_state(member), actor)
@@ -535,15 +532,15 @@ async def update_operation(
     """Move an operation to `target` (checked), with its event and, for a new status or a message, a
     timeline entry."""
     domain.check_operation_transition(op.status, target)
-    row = (
-        await session.execute(
-            update(operations)
-            .where(operations.c.operation_id == op.operation_id)
-            .values(status=target, updated_at=now(), version=operations.c.version + 1, **values)
-            .returning(*operations.c)
-        )
-    ).one()
-    new = from_row(OperationView, row)
+    new = await _update_versioned(
+        session,
+        operations,
+        operations.c.operation_id == op.operation_id,
+        OperationView,
+        status=target,
+        updated_at=now(),
+        **values,
+    )
     await emit(session, OPERATION_EVENTS[target], operation_state(new), actor)
     if target != op.status or message:
         await timeline(

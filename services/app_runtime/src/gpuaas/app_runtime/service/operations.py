@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import domain
+from gpuaas.app_runtime.metrics import leases_expired
 from gpuaas.app_runtime.models import operations
 from gpuaas.app_runtime.service.common import (
     OPEN_STATUSES,
@@ -203,6 +204,7 @@ async def claim(
     token = uuid.uuid4()
     actor = principal.actor
     if op.status != OperationStatus.pending:  # the previous holder lost it: record the requeue, then the new claim
+        leases_expired(session, 1)
         op = await update_operation(
             session,
             op,
@@ -458,4 +460,5 @@ async def expire_leases(session: AsyncSession, limit: int = 100) -> int:
             lease_expires_at=None,
             claimed_by=None,
         )
+    leases_expired(session, len(expired))
     return len(expired)

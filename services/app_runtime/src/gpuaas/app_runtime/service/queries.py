@@ -19,7 +19,7 @@ from gpuaas.app_runtime.service.common import (
 )
 from gpuaas.app_runtime.service.views import InstanceView, MemberView, OperationView, TimelineEntryView, from_row
 from gpuaas.contracts.enums import InstanceStatus
-from gpuaas.kit import iam
+from gpuaas.kit import iam, paging
 from gpuaas.kit.auth import Principal
 
 
@@ -30,9 +30,10 @@ async def list_instances(
     project_id: uuid.UUID | None,
     app_slug: str | None,
     status: InstanceStatus | None,
-    limit: int,
-) -> list[InstanceView]:
-    """The instances the caller may see (newest first), filtered."""
+    page: paging.PageRequest,
+) -> tuple[list[InstanceView], str | None]:
+    """The instances the caller may see (newest first), filtered: one page (keyset on instance_id)
+    and the next page's cursor (None on the last)."""
     visible = await iam.visible_project_ids(session, principal)
     stmt = select(instances)
     if visible is not None:
@@ -43,8 +44,9 @@ async def list_instances(
         stmt = stmt.where(instances.c.app_slug == app_slug)
     if status is not None:
         stmt = stmt.where(instances.c.status == status)
-    rows = await session.execute(stmt.order_by(instances.c.instance_id.desc()).limit(limit))
-    return [from_row(InstanceView, r) for r in rows]
+    rows = (await session.execute(paging.keyset(stmt, [instances.c.instance_id], page))).all()
+    kept, next_cursor = paging.split(rows, page, lambda r: (r.instance_id,))
+    return [from_row(InstanceView, r) for r in kept], next_cursor
 
 
 async def list_members(

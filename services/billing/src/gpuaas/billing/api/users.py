@@ -4,15 +4,16 @@ budgets and statements, each scoped by the use case's authorization."""
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from gpuaas.billing import service
 from gpuaas.billing.api.schemas import PERIOD, Budget, BudgetCreate, BudgetStatus, Charge, Costs, Price
 from gpuaas.kit import iam
 from gpuaas.kit.app import Kit
 from gpuaas.kit.auth import CurrentPrincipal
+from gpuaas.kit.paging import PageRequest, page_params, set_next_link
 
 router = APIRouter()
 
@@ -38,19 +39,27 @@ async def costs(
         return await service.costs(session, principal, tenant_id=tenant_id, project_id=project_id, period=period)
 
 
+_CHARGE_PAGE = Depends(page_params(default=100, maximum=1000))
+
+
 @router.get("/charges", response_model=list[Charge], tags=["costs"], openapi_extra=iam.action_doc("billing.read"))
 async def list_charges(
     kit: Kit,
+    request: Request,
+    response: Response,
     principal: CurrentPrincipal,
     project_id: uuid.UUID,
     allocation_id: uuid.UUID | None = None,
     instance_id: uuid.UUID | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    page: PageRequest = _CHARGE_PAGE,
 ) -> Any:
+    """Newest usage first; `?limit=&cursor=` pages (`Link: <...>; rel="next"` while more follow)."""
     async with kit.sessions() as session:
-        return await service.list_charges(
-            session, principal, project_id=project_id, allocation_id=allocation_id, instance_id=instance_id, limit=limit
+        items, next_cursor = await service.list_charges(
+            session, principal, project_id=project_id, allocation_id=allocation_id, instance_id=instance_id, page=page
         )
+    set_next_link(request, response, next_cursor)
+    return items
 
 
 @router.post(

@@ -12,7 +12,7 @@ from gpuaas.billing import domain
 from gpuaas.billing.models import charges, spend
 from gpuaas.billing.service.periods import parse_period
 from gpuaas.billing.service.views import BreakdownRow, Charge, Costs, CurrencyTotal, ProjectCost
-from gpuaas.kit import iam
+from gpuaas.kit import iam, paging
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Unprocessable
 
@@ -100,13 +100,16 @@ async def list_charges(
     project_id: uuid.UUID,
     allocation_id: uuid.UUID | None,
     instance_id: uuid.UUID | None,
-    limit: int,
-) -> list[Charge]:
-    """A project's charges, newest usage first (optionally of one allocation or app instance)."""
+    page: paging.PageRequest,
+) -> tuple[list[Charge], str | None]:
+    """A project's charges, newest usage first (optionally of one allocation or app instance): one page
+    (keyset on usage_start, charge_id) and the next page's cursor (None on the last)."""
     await iam.authorize(session, principal, "billing.read", project_id=project_id)
-    q = select(charges).where(charges.c.project_id == project_id).order_by(charges.c.usage_start.desc()).limit(limit)
+    q = select(charges).where(charges.c.project_id == project_id)
     if allocation_id is not None:
         q = q.where(charges.c.allocation_id == allocation_id)
     if instance_id is not None:
         q = q.where(charges.c.instance_id == instance_id)
-    return [Charge.model_validate(r) for r in (await session.execute(q)).all()]
+    q = paging.keyset(q, [charges.c.usage_start, charges.c.charge_id], page)
+    rows, next_cursor = paging.split((await session.execute(q)).all(), page, lambda r: (r.usage_start, r.charge_id))
+    return [Charge.model_validate(r) for r in rows], next_cursor

@@ -3,8 +3,10 @@
 The consumer hands billing every usage event of a batch at once (`Subscriptions.on_batch`), and the
 batch is rated with a fixed number of statements, not a dozen per event: one insert claims the usage
 records (the primary key on usage_record_id makes a re-published record a no-op: charged at most once),
-one query reads the SKUs' prices, then one multi-row insert each for ledger transactions, ledger entries
-and charges, one update, one spend upsert per project, the budget checks per project and the outbox rows.
+one query reads the SKUs' prices, then one fixed-shape insert (unnest of arrays, `kit.bulk`) each for
+ledger transactions, ledger entries and charges, one update, one spend upsert per project, the budget
+checks per project and the outbox rows. The ledger's balance is checked once per database transaction at
+commit (billing_0003), not per entry row.
 Everything runs in the consumer's transaction with the inbox rows (and publish_price's, when waiting
 usage is rated by a new price).
 """
@@ -14,16 +16,17 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.billing import SERVICE, domain
+from gpuaas.billing.metrics import usage_rated
 from gpuaas.billing.models import (
     budget_alerts,
     budgets,
@@ -39,12 +42,14 @@ from gpuaas.contracts import Actor, Event, new_event_id
 from gpuaas.contracts.events import billing as billing_events
 from gpuaas.contracts.events import usage as usage_events
 from gpuaas.contracts.events.billing import PriceUnit
+from gpuaas.kit.bulk import insert_rows
 from gpuaas.kit.errors import Problem
 from gpuaas.kit.logging import get_logger
 from gpuaas.kit.outbox import add_events
 
 SYSTEM = Actor.system(SERVICE)
 log = get_logger(__name__)
+MARK_RATED = text("UPDATE usage_received SET status = 'rated' WHERE usage_record_id = ANY(CAST(:ids AS uuid[]))")
 
 
 @dataclass(frozen=True)
@@ -121,16 +126,16 @@ async def receive_usage(session: AsyncSession, events: Sequence[Event]) -> None:
             usages.append(usage)
     if not usages:
         return
-    claimed = set(
-        (
-            await session.execute(
-                pg_insert(usage_received)
-                .values([{**asdict(u), "status": "unrated"} for u in usages])
-                .on_conflict_do_nothing()
-                .returning(usage_received.c.usage_record_id)
-            )
-        ).scalars()
-    )
+    claimed = {
+        row.usage_record_id
+        for row in await insert_rows(
+            session,
+            usage_received,
+            [{**vars(u), "status": "unrated"} for u in usages],  # vars, not asdict (a deep copy: ~0.8 ms an event)
+            on_conflict_do_nothing=True,
+            returning=("usage_record_id",),
+        )
+    }
     fresh = [u for u in usages if u.usage_record_id in claimed]
     if not fresh:
         return  # all already received (re-published records)
@@ -257,14 +262,11 @@ async def post_charges(
             posted.correlation_id, posted.causation_id = cause.correlation_id, cause.id
         events.append(posted)
 
-    await session.execute(insert(ledger_transactions).values(transactions))
-    await session.execute(insert(ledger_entries).values(entries))
-    await session.execute(insert(charges).values(charge_rows))
-    await session.execute(
-        update(usage_received)
-        .where(usage_received.c.usage_record_id.in_([u.usage_record_id for u, _ in priced]))
-        .values(status="rated")
-    )
+    # Fixed-shape statements (unnest of arrays): compiled and prepared once, whatever the batch size.
+    await insert_rows(session, ledger_transactions, transactions)
+    await insert_rows(session, ledger_entries, entries)
+    await insert_rows(session, charges, charge_rows)
+    await session.execute(MARK_RATED, {"ids": [u.usage_record_id for u, _ in priced]})
     rollup = [
         {"tenant_id": t, "project_id": p, "period_start": ps, "currency": c, **amounts}
         for (t, p, ps, c), amounts in spent_delta.items()
@@ -282,6 +284,7 @@ async def post_charges(
     for tenant_id, project_id, period_start, currency in spent_delta:
         events += await project_budget_alerts(session, tenant_id, project_id, period_start, currency)
     await add_events(session, events)
+    usage_rated(session, [(usage.usage_kind, usage.event_time) for usage, _ in priced], posted_at)
 
 
 async def spent(

@@ -5,9 +5,11 @@ against the registry, checks, re-verification, promotion through the lifecycle) 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Query
+from fastapi.types import DecoratedCallable
 
 from gpuaas.catalog import service
 from gpuaas.catalog.api.schemas import (
@@ -136,6 +138,10 @@ async def transition_artifact(
 # ------------------------------------------------------------------------------------------- manifests
 
 
+def _manifest_change(path: str) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    return router.post(path, response_model=Manifest, tags=["apps"], openapi_extra=action_doc("catalog.app.register"))
+
+
 @router.post(
     "/apps",
     response_model=Manifest,
@@ -151,35 +157,17 @@ async def register_app(kit: Kit, principal: CurrentPrincipal, body: Annotated[di
         return await service.register_manifest(session, principal, body)
 
 
-@router.post(
-    "/manifests/{manifest_id}/activate",
-    response_model=Manifest,
-    tags=["apps"],
-    openapi_extra=action_doc("catalog.app.register"),
-)
+@_manifest_change("/manifests/{manifest_id}/activate")
 async def activate(
-    kit: Kit,
-    manifest_id: uuid.UUID,
-    principal: CurrentPrincipal,
-    expected: ExpectedVersion,
-    body: Reason | None = None,
+    kit: Kit, manifest_id: uuid.UUID, principal: CurrentPrincipal, expected: ExpectedVersion, body: Reason | None = None
 ) -> Any:
     """Offer the version to entitled tenants; refused unless its artifact is active."""
     return await _set_active(kit, principal, manifest_id, active=True, body=body, expected=expected)
 
 
-@router.post(
-    "/manifests/{manifest_id}/deactivate",
-    response_model=Manifest,
-    tags=["apps"],
-    openapi_extra=action_doc("catalog.app.register"),
-)
+@_manifest_change("/manifests/{manifest_id}/deactivate")
 async def deactivate(
-    kit: Kit,
-    manifest_id: uuid.UUID,
-    principal: CurrentPrincipal,
-    expected: ExpectedVersion,
-    body: Reason | None = None,
+    kit: Kit, manifest_id: uuid.UUID, principal: CurrentPrincipal, expected: ExpectedVersion, body: Reason | None = None
 ) -> Any:
     return await _set_active(kit, principal, manifest_id, active=False, body=body, expected=expected)
 
@@ -204,12 +192,7 @@ async def _set_active(
         )
 
 
-@router.post(
-    "/manifests/{manifest_id}/deprecate",
-    response_model=Manifest,
-    tags=["apps"],
-    openapi_extra=action_doc("catalog.app.register"),
-)
+@_manifest_change("/manifests/{manifest_id}/deprecate")
 async def deprecate(kit: Kit, manifest_id: uuid.UUID, body: RequiredReason, principal: CurrentPrincipal) -> Any:
     """Existing instances continue; no new instance may use this version."""
     async with kit.sessions() as session, session.begin():

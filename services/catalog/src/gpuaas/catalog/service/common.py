@@ -44,55 +44,51 @@ def _mapping(row: Row[Any] | Mapping[str, Any]) -> Mapping[str, Any]:
     return row._mapping if isinstance(row, Row) else row
 
 
+def _columns(r: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The named columns as they are stored (those a state or view takes unchanged)."""
+    return {name: r[name] for name in names}
+
+
 def artifact_state(row: Row[Any] | Mapping[str, Any]) -> catalog_events.ArtifactState:
     r = _mapping(row)
     return catalog_events.ArtifactState(
-        artifact_id=r["artifact_id"],
+        **_columns(r, "artifact_id", "ref", "digest", "media_type", "size_bytes", "signature_verified", "version"),
         kind=catalog_events.ArtifactKind(r["kind"]),
-        ref=r["ref"],
-        digest=r["digest"],
-        media_type=r["media_type"],
-        size_bytes=r["size_bytes"],
         state=catalog_events.ArtifactLifecycle(r["state"]),
         canary_tenants=[uuid.UUID(str(t)) for t in r["canary_tenants"]],
         checks=[catalog_events.ArtifactCheck(**c) for c in r["checks"]],
-        signature_verified=r["signature_verified"],
-        version=r["version"],
     )
 
 
 def manifest_state(row: Row[Any] | Mapping[str, Any]) -> catalog_events.AppManifestState:
     r = _mapping(row)
     return catalog_events.AppManifestState(
-        manifest_id=r["manifest_id"],
-        slug=r["slug"],
-        display_name=r["display_name"],
-        description=r["description"],
-        version=r["version"],
-        runtime_version=r["runtime_version"],
+        **_columns(
+            r,
+            "manifest_id",
+            "slug",
+            "display_name",
+            "description",
+            "version",
+            "runtime_version",
+            "artifact_ref",
+            "artifact_id",
+            "runtime_profile",
+            "inputs",
+            "active",
+            "deprecated",
+            "revision",
+        ),
         artifact_kind=catalog_events.AppArtifactKind(r["artifact_kind"]),
-        artifact_ref=r["artifact_ref"],
-        artifact_id=r["artifact_id"],
         compatibility=catalog_events.Compatibility(**r["compatibility"]),
-        runtime_profile=r["runtime_profile"],
-        inputs=r["inputs"],
         roles=[catalog_events.AppRole(**x) for x in r["roles"]],
-        active=r["active"],
-        deprecated=r["deprecated"],
-        revision=r["revision"],
     )
 
 
 def entitlement_state(row: Row[Any] | Mapping[str, Any]) -> catalog_events.EntitlementState:
     r = _mapping(row)
     return catalog_events.EntitlementState(
-        entitlement_id=r["entitlement_id"],
-        tenant_id=r["tenant_id"],
-        app_slug=r["app_slug"],
-        status=r["status"],
-        granted_at=r["granted_at"],
-        revoked_at=r["revoked_at"],
-        version=r["version"],
+        **_columns(r, "entitlement_id", "tenant_id", "app_slug", "status", "granted_at", "revoked_at", "version")
     )
 
 
@@ -101,12 +97,7 @@ def artifact_view(row: Row[Any]) -> Artifact:
     return Artifact.model_validate(
         {
             **artifact_state(row).model_dump(mode="json"),
-            "registry": r["registry"],
-            "repository": r["repository"],
-            "artifact_type": r["artifact_type"],
-            "signature_detail": r["signature_detail"],
-            "created_at": r["created_at"],
-            "updated_at": r["updated_at"],
+            **_columns(r, "registry", "repository", "artifact_type", "signature_detail", "created_at", "updated_at"),
         }
     )
 
@@ -117,8 +108,7 @@ def manifest_view(row: Row[Any], artifact_state: str, *, canary: bool = False) -
     return Manifest.model_validate(
         {
             **manifest_state(row).model_dump(mode="json"),
-            "created_at": r["created_at"],
-            "updated_at": r["updated_at"],
+            **_columns(r, "created_at", "updated_at"),
             "artifact_state": artifact_state,
             "canary": canary,
         }

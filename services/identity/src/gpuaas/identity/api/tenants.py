@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Response
+from fastapi.types import DecoratedCallable
 
 from gpuaas.identity.api.deps import action
 from gpuaas.identity.api.schemas import Granted, MemberAdd, Membership, Project, ProjectCreate, Tenant, TenantCreate
-from gpuaas.identity.service import tenants, users
-from gpuaas.kit.app import Kit
-from gpuaas.kit.auth import CurrentPrincipal
+from gpuaas.identity.service import tenants, users, views
+from gpuaas.kit.app import Kit, KitRuntime
+from gpuaas.kit.auth import CurrentPrincipal, Principal
 
 router = APIRouter()
 
@@ -60,32 +62,30 @@ async def get_project(kit: Kit, project_id: uuid.UUID, principal: CurrentPrincip
         return await tenants.get_project(session, principal, project_id)
 
 
-@router.post(
-    "/tenants/{tenant_id}/members",
-    response_model=Granted,
-    status_code=201,
-    tags=["users"],
-    **action("identity.member.manage"),
-)
+def _adds_member(path: str, tag: str) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    return router.post(path, response_model=Granted, status_code=201, tags=[tag], **action("identity.member.manage"))
+
+
+async def _add_member(
+    kit: KitRuntime,
+    principal: Principal,
+    body: MemberAdd,
+    add: Callable[..., Awaitable[views.Granted]],
+    **scope: uuid.UUID,
+) -> views.Granted:
+    """Add a member with the use case of its scope (`tenant_id=` or `project_id=`)."""
+    async with kit.sessions() as session, session.begin():
+        return await add(session, principal, user_id=body.user_id, role=body.role, **scope)
+
+
+@_adds_member("/tenants/{tenant_id}/members", "users")
 async def add_tenant_member(kit: Kit, tenant_id: uuid.UUID, body: MemberAdd, principal: CurrentPrincipal) -> Any:
-    async with kit.sessions() as session, session.begin():
-        return await users.add_tenant_member(
-            session, principal, tenant_id=tenant_id, user_id=body.user_id, role=body.role
-        )
+    return await _add_member(kit, principal, body, users.add_tenant_member, tenant_id=tenant_id)
 
 
-@router.post(
-    "/projects/{project_id}/members",
-    response_model=Granted,
-    status_code=201,
-    tags=["projects"],
-    **action("identity.member.manage"),
-)
+@_adds_member("/projects/{project_id}/members", "projects")
 async def add_member(kit: Kit, project_id: uuid.UUID, body: MemberAdd, principal: CurrentPrincipal) -> Any:
-    async with kit.sessions() as session, session.begin():
-        return await users.add_project_member(
-            session, principal, project_id=project_id, user_id=body.user_id, role=body.role
-        )
+    return await _add_member(kit, principal, body, users.add_project_member, project_id=project_id)
 
 
 @router.get(

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.identity.models import audit_records
 from gpuaas.identity.service import views
-from gpuaas.kit import iam
+from gpuaas.kit import iam, paging
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Forbidden, Unprocessable
 
@@ -33,10 +33,14 @@ class AuditQuery:
     until: datetime | None = None
     limit: int = 100
     offset: int = 0
+    cursor: str | None = None  # kit.paging: from the previous page's Link rel="next"
 
 
-async def list_audit(session: AsyncSession, principal: Principal, query: AuditQuery) -> views.AuditPage:
-    """Operators see every record; tenant admins their tenant's (they must name it). Newest first."""
+async def list_audit(
+    session: AsyncSession, principal: Principal, query: AuditQuery
+) -> tuple[views.AuditPage, str | None]:
+    """Operators see every record; tenant admins their tenant's (they must name it). Newest first: one
+    page (keyset on occurred_at, seq after `cursor`, then `offset` if given) and the next page's cursor."""
     for name, value in (("since", query.since), ("until", query.until)):
         if value is not None and value.tzinfo is None:
             raise Unprocessable(f"{name} needs a UTC offset", code="naive_datetime")
@@ -62,12 +66,13 @@ async def list_audit(session: AsyncSession, principal: Principal, query: AuditQu
         where.append(c.occurred_at >= query.since)
     if query.until is not None:
         where.append(c.occurred_at < query.until)
-    rows = await session.execute(
-        select(*(c[name] for name in _ENTRY_FIELDS))
-        .where(*where)
-        .order_by(c.occurred_at.desc(), c.seq.desc())
-        .limit(query.limit)
-        .offset(query.offset)
+    page = paging.PageRequest(limit=query.limit, cursor=query.cursor)
+    stmt = paging.keyset(
+        select(*(c[name] for name in _ENTRY_FIELDS), c.seq).where(*where), [c.occurred_at, c.seq], page
+    )
+    rows, next_cursor = paging.split(
+        (await session.execute(stmt.offset(query.offset))).all(), page, lambda r: (r.occurred_at, r.seq)
     )
     total = (await session.execute(select(func.count()).select_from(audit_records).where(*where))).scalar_one()
-    return views.AuditPage(items=[views.AuditEntry(**r._mapping) for r in rows], total=total)
+    items = [views.AuditEntry(**{k: r._mapping[k] for k in _ENTRY_FIELDS}) for r in rows]
+    return views.AuditPage(items=items, total=total), next_cursor

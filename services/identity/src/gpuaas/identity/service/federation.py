@@ -13,13 +13,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaas.contracts import new_event_id
 from gpuaas.contracts.enums import Role
 from gpuaas.contracts.events import identity as identity_events
-from gpuaas.identity import SERVICE
 from gpuaas.identity.domain import JIT_ROLES, email_domain
 from gpuaas.identity.models import identity_providers, idp_domains, tenants
 from gpuaas.identity.service import views
-from gpuaas.identity.service.common import emit
+from gpuaas.identity.service.common import record_change
 from gpuaas.identity.settings import Settings
-from gpuaas.kit import audit, iam
+from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Unprocessable
 
@@ -74,21 +73,15 @@ async def create_idp(
     await session.execute(insert(identity_providers).values(**values))
     await session.execute(insert(idp_domains), [{"domain": d, "idp_id": values["idp_id"]} for d in domains])
     state = _state(values, domains)
-    await emit(
+    await record_change(
         session,
-        identity_events.IdentityProviderCreated.build(
-            subject=state.idp_id, data=state, source=SERVICE, tenant_id=tenant_id, actor=principal.actor
-        ),
-    )
-    await audit.record(
-        session,
-        service=SERVICE,
-        actor=principal,
+        identity_events.IdentityProviderCreated,
+        state,
+        actor=principal.actor,
         action="identity.idp.create",
         resource_type="identity_provider",
         resource_id=state.idp_id,
         tenant_id=tenant_id,
-        after=state.model_dump(mode="json"),
     )
     return state
 

@@ -51,7 +51,7 @@ from gpuaas.identity.models import (
     users,
 )
 from gpuaas.identity.service import views
-from gpuaas.identity.service.common import emit
+from gpuaas.identity.service.common import record_change
 from gpuaas.identity.service.federation import idp_for_domain
 from gpuaas.identity.service.sessions import open_session
 from gpuaas.identity.service.users import grant, insert_user
@@ -358,21 +358,15 @@ async def _link(session: AsyncSession, provider: Row, claims: dict[str, Any]) ->
         email=email,
         link_method=method,
     )
-    await emit(
+    await record_change(
         session,
-        identity_events.FederatedIdentityLinked.build(
-            subject=user.user_id, data=state, source=SERVICE, tenant_id=provider.tenant_id, actor=SSO_ACTOR
-        ),
-    )
-    await audit.record(
-        session,
-        service=SERVICE,
+        identity_events.FederatedIdentityLinked,
+        state,
         actor=SSO_ACTOR,
         action="identity.federation.link",
         resource_type="user",
         resource_id=user.user_id,
         tenant_id=provider.tenant_id,
-        after=state.model_dump(mode="json"),
     )
     return user, method
 

@@ -12,10 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.contracts import new_event_id
 from gpuaas.contracts.events import identity as identity_events
-from gpuaas.identity import SERVICE
 from gpuaas.identity.models import memberships, projects, tenants
-from gpuaas.identity.service.common import emit
-from gpuaas.kit import audit, iam
+from gpuaas.identity.service.common import record_change
+from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, NotFound
 
@@ -39,21 +38,15 @@ async def create_tenant(
     tenant_id = new_event_id()
     await session.execute(insert(tenants).values(tenant_id=tenant_id, slug=slug, name=name, status="active"))
     state = identity_events.TenantState(tenant_id=tenant_id, slug=slug, name=name)
-    await emit(
+    await record_change(
         session,
-        identity_events.TenantCreated.build(
-            subject=tenant_id, data=state, source=SERVICE, tenant_id=tenant_id, actor=principal.actor
-        ),
-    )
-    await audit.record(
-        session,
-        service=SERVICE,
-        actor=principal,
+        identity_events.TenantCreated,
+        state,
+        actor=principal.actor,
         action="identity.tenant.create",
         resource_type="tenant",
         resource_id=tenant_id,
         tenant_id=tenant_id,
-        after=state.model_dump(mode="json"),
     )
     return state
 
@@ -70,27 +63,16 @@ async def create_project(
     project_id = new_event_id()
     await session.execute(insert(projects).values(project_id=project_id, tenant_id=tenant_id, name=name))
     state = identity_events.ProjectState(project_id=project_id, tenant_id=tenant_id, name=name)
-    await emit(
+    await record_change(
         session,
-        identity_events.ProjectCreated.build(
-            subject=project_id,
-            data=state,
-            source=SERVICE,
-            tenant_id=tenant_id,
-            project_id=project_id,
-            actor=principal.actor,
-        ),
-    )
-    await audit.record(
-        session,
-        service=SERVICE,
-        actor=principal,
+        identity_events.ProjectCreated,
+        state,
+        actor=principal.actor,
         action="identity.project.create",
         resource_type="project",
         resource_id=project_id,
         tenant_id=tenant_id,
         project_id=project_id,
-        after=state.model_dump(mode="json"),
     )
     return state
 

@@ -16,14 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.enums import MembershipScope, Role
 from gpuaas.contracts.events import identity as identity_events
-from gpuaas.identity import SERVICE
 from gpuaas.identity.domain import PROJECT_ROLES, TENANT_ROLES
 from gpuaas.identity.models import memberships, projects, tenants, users
 from gpuaas.identity.passwords import hash_password
 from gpuaas.identity.service import views
-from gpuaas.identity.service.common import actor_of, emit
+from gpuaas.identity.service.common import actor_of, record_change
 from gpuaas.identity.service.sessions import revoke_user_sessions
-from gpuaas.kit import audit, iam
+from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, NotFound, Unprocessable
 
@@ -75,13 +74,10 @@ async def insert_user(
         )
     )
     state = identity_events.UserState(user_id=user_id, email=email, display_name=display_name, tenant_id=tenant_id)
-    await emit(
+    await record_change(
         session,
-        identity_events.UserCreated.build(subject=user_id, data=state, source=SERVICE, tenant_id=tenant_id, actor=who),
-    )
-    await audit.record(
-        session,
-        service=SERVICE,
+        identity_events.UserCreated,
+        state,
         actor=who,
         action="identity.user.create",
         resource_type="user",
@@ -118,27 +114,16 @@ async def grant(
     state = identity_events.MembershipState(
         membership_id=membership_id, user_id=user_id, scope=scope, role=role, tenant_id=tenant_id, project_id=project_id
     )
-    await emit(
+    await record_change(
         session,
-        identity_events.MembershipGranted.build(
-            subject=membership_id,
-            data=state,
-            source=SERVICE,
-            tenant_id=tenant_id,
-            project_id=project_id,
-            actor=who,
-        ),
-    )
-    await audit.record(
-        session,
-        service=SERVICE,
+        identity_events.MembershipGranted,
+        state,
         actor=who,
         action="identity.membership.grant",
         resource_type="membership",
         resource_id=membership_id,
         tenant_id=tenant_id,
         project_id=project_id,
-        after=state.model_dump(mode="json"),
     )
     return membership_id
 
@@ -268,21 +253,11 @@ async def revoke_membership(session: AsyncSession, principal: Principal, members
         project_id=row.project_id,
         revoked=True,
     )
-    await emit(
+    await record_change(
         session,
-        identity_events.MembershipRevoked.build(
-            subject=membership_id,
-            data=state,
-            source=SERVICE,
-            tenant_id=row.tenant_id,
-            project_id=row.project_id,
-            actor=principal.actor,
-        ),
-    )
-    await audit.record(
-        session,
-        service=SERVICE,
-        actor=principal,
+        identity_events.MembershipRevoked,
+        state,
+        actor=principal.actor,
         action="identity.membership.revoke",
         resource_type="membership",
         resource_id=membership_id,
@@ -313,16 +288,11 @@ async def set_user_status(
             tenant_id=row.tenant_id,
             status=status,
         )
-        await emit(
+        await record_change(
             session,
-            identity_events.UserUpdated.build(
-                subject=user_id, data=state, source=SERVICE, tenant_id=row.tenant_id, actor=principal.actor
-            ),
-        )
-        await audit.record(
-            session,
-            service=SERVICE,
-            actor=principal,
+            identity_events.UserUpdated,
+            state,
+            actor=principal.actor,
             action="identity.user.status",
             resource_type="user",
             resource_id=user_id,

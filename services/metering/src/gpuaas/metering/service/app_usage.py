@@ -21,6 +21,7 @@ from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, NotFound, Problem
 from gpuaas.kit.outbox import add_events
 from gpuaas.metering import SERVICE, domain
+from gpuaas.metering.metrics import usage_emitted
 from gpuaas.metering.models import app_usage_records, instances
 from gpuaas.metering.service.access import readable
 from gpuaas.metering.service.views import AppUsage
@@ -121,6 +122,7 @@ async def record_app_usage(
         return _same_or_conflict(existing, unit, quantity, occurred_at, member_id)
     data = usage_events.AppUsageRecord(**values | {"unit": unit})
     await add_events(session, [usage_events.AppUsageRecorded.build(data=data, source=SERVICE, actor=principal.actor)])
+    usage_emitted(session, "app", 1)
     await audit.record(
         session,
         service=SERVICE,

@@ -23,6 +23,7 @@ from gpuaas.kit.errors import NotFound
 from gpuaas.kit.outbox import add_events
 from gpuaas.metering import SERVICE, domain
 from gpuaas.metering.domain import Meter, MeterStatus, Window
+from gpuaas.metering.metrics import usage_emitted
 from gpuaas.metering.models import hosts, meters, usage_records
 from gpuaas.metering.service.access import readable
 from gpuaas.metering.service.views import MeterOut, UsageRecordOut
@@ -127,6 +128,7 @@ class MeterUpdate:
                 data = usage_events.UsageRecord(**r | {"shape": CapacityShape(r["shape"])})
                 self.events.append(usage_events.UsageRecorded.build(data=data, source=SERVICE, actor=SYSTEM))
         self.written += len(fresh)
+        usage_emitted(session, "gpu", len(fresh))
 
     async def save(self, session: AsyncSession, *, allocation_version: int | None = None, new: bool = False) -> None:
         m = self.meter

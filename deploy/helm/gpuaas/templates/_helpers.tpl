@@ -1,0 +1,184 @@
+{{/* Names ------------------------------------------------------------------------------------------ */}}
+
+{{- define "gpuaas.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuaas.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The services with a database (Kubernetes names; the Python package is the name with "-" -> "_"). */}}
+{{- define "gpuaas.dbServices" -}}
+identity allocations catalog app-runtime metering billing
+{{- end -}}
+
+{{/* The component's Python package name: app-runtime -> app_runtime. */}}
+{{- define "gpuaas.module" -}}
+{{- replace "-" "_" . -}}
+{{- end -}}
+
+{{/* The component's environment prefix: app-runtime -> GPUAAS_APP_RUNTIME_. */}}
+{{- define "gpuaas.envPrefix" -}}
+{{- printf "GPUAAS_%s_" (replace "-" "_" . | upper) -}}
+{{- end -}}
+
+{{- define "gpuaas.componentName" -}}
+{{- printf "%s-%s" (include "gpuaas.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels ----------------------------------------------------------------------------------------- */}}
+
+{{- define "gpuaas.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpuaas.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpuaas
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: dict "root" $ "component" "billing". */}}
+{{- define "gpuaas.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuaas.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpuaas.componentLabels" -}}
+{{ include "gpuaas.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Image and service account ---------------------------------------------------------------------- */}}
+
+{{- define "gpuaas.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuaas.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "gpuaas.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The settings of one component: `defaults` with `services.<name>` merged over it. */}}
+{{- define "gpuaas.componentValues" -}}
+{{- $own := index .root.Values.services .component | default dict -}}
+{{- toYaml (mergeOverwrite (deepCopy .root.Values.defaults) (deepCopy $own)) -}}
+{{- end -}}
+
+{{/* Secrets: names and where each value comes from -------------------------------------------------- */}}
+
+{{- define "gpuaas.dbSecretName" -}}
+{{- default (printf "%s-db" (include "gpuaas.fullname" .)) .Values.postgres.existingSecret -}}
+{{- end -}}
+
+{{- define "gpuaas.bootstrapSecretName" -}}
+{{- default (printf "%s-bootstrap" (include "gpuaas.fullname" .)) .Values.identity.bootstrapAdmin.existingSecret -}}
+{{- end -}}
+
+{{- define "gpuaas.credentialsSecretName" -}}
+{{- default (printf "%s-credentials" (include "gpuaas.fullname" .)) .Values.credentials.existingSecret -}}
+{{- end -}}
+
+{{- define "gpuaas.issuerUrl" -}}
+{{- default (printf "%s/api/identity" (trimSuffix "/" .Values.publicUrl)) .Values.identity.issuerUrl -}}
+{{- end -}}
+
+{{- define "gpuaas.serviceUrl" -}}
+{{- printf "http://%s:8080" (include "gpuaas.componentName" .) -}}
+{{- end -}}
+
+{{/* Environment shared by the services and the migration job (Kafka, JWKS, issuer). */}}
+{{- define "gpuaas.sharedEnv" -}}
+- name: GPUAAS_KAFKA_BOOTSTRAP
+  value: {{ .Values.kafka.bootstrap | quote }}
+- name: GPUAAS_KAFKA_TOPIC_PREFIX
+  value: {{ .Values.kafka.topicPrefix | quote }}
+- name: GPUAAS_KAFKA_TOPIC_REPLICATION_FACTOR
+  value: {{ .Values.kafka.topics.replicationFactor | quote }}
+- name: GPUAAS_KAFKA_TOPIC_MIN_INSYNC_REPLICAS
+  value: {{ .Values.kafka.topics.minInsyncReplicas | quote }}
+- name: GPUAAS_JWKS_URL
+  value: {{ printf "%s/.well-known/jwks.json" (include "gpuaas.serviceUrl" (dict "root" . "component" "identity")) | quote }}
+- name: GPUAAS_JWT_ISSUER
+  value: {{ include "gpuaas.issuerUrl" . | quote }}
+- name: GPUAAS_JWT_AUDIENCE
+  value: {{ .Values.identity.jwtAudience | quote }}
+{{- if ne .Values.kafka.securityProtocol "PLAINTEXT" }}
+- name: GPUAAS_KAFKA_SECURITY_PROTOCOL
+  value: {{ .Values.kafka.securityProtocol | quote }}
+{{- end }}
+{{- if hasPrefix "SASL_" .Values.kafka.securityProtocol }}
+- name: GPUAAS_KAFKA_SASL_MECHANISM
+  value: {{ .Values.kafka.sasl.mechanism | quote }}
+- name: GPUAAS_KAFKA_SASL_USERNAME
+  value: {{ required "kafka.sasl.username is required with a SASL_* securityProtocol" .Values.kafka.sasl.username | quote }}
+- name: GPUAAS_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "kafka.sasl.existingSecret is required with a SASL_* securityProtocol" .Values.kafka.sasl.existingSecret }}
+      key: {{ .Values.kafka.sasl.passwordKey }}
+{{- end }}
+{{- if and (hasSuffix "SSL" .Values.kafka.securityProtocol) .Values.kafka.tls.existingSecret }}
+- name: GPUAAS_KAFKA_SSL_CAFILE
+  value: {{ printf "/etc/gpuaas/kafka/%s" .Values.kafka.tls.caKey | quote }}
+{{- if .Values.kafka.tls.certKey }}
+- name: GPUAAS_KAFKA_SSL_CERTFILE
+  value: {{ printf "/etc/gpuaas/kafka/%s" .Values.kafka.tls.certKey | quote }}
+- name: GPUAAS_KAFKA_SSL_KEYFILE
+  value: {{ printf "/etc/gpuaas/kafka/%s" .Values.kafka.tls.keyKey | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuaas.kafkaTlsMounted" -}}
+{{- if and (hasSuffix "SSL" .Values.kafka.securityProtocol) .Values.kafka.tls.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* The database URL of one service, from the generated or the existing Secret. */}}
+{{- define "gpuaas.databaseUrlEnv" -}}
+- name: {{ include "gpuaas.envPrefix" .component }}DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gpuaas.dbSecretName" .root }}
+      key: {{ .component }}-database-url
+{{- end -}}
+
+{{/* Generated secret values are kept across upgrades: the value already in the cluster wins. */}}
+{{- define "gpuaas.keptSecretValue" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name -}}
+{{- if and $existing $existing.data (hasKey $existing.data .key) -}}
+{{- index $existing.data .key | b64dec -}}
+{{- else -}}
+{{- .generate -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The gateway's upstream map (GPUAAS_GATEWAY_UPSTREAMS): Python service name -> in-cluster URL. */}}
+{{- define "gpuaas.upstreams" -}}
+{{- $m := dict -}}
+{{- range $svc := splitList " " (include "gpuaas.dbServices" .) -}}
+{{- $_ := set $m (include "gpuaas.module" $svc) (include "gpuaas.serviceUrl" (dict "root" $ "component" $svc)) -}}
+{{- end -}}
+{{- toJson $m -}}
+{{- end -}}

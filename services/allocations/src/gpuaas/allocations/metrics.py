@@ -1,0 +1,113 @@
+"""The allocations service's business metrics (the facts it owns: GPU capacity, hosts, allocations,
+placement), on the app's registry (`SPEC.metrics`); the kit adds `service="allocations"` to each sample.
+
+Gauges are computed from the tables at every scrape (`refresh`), so every replica reports the same
+value: aggregate them with `max`, not `sum`. Counters and the histogram are recorded by the use cases
+(`refused`, `activated`, `heartbeat_lost`), per process: `sum` them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpuaas.allocations.models import allocations, gpu_assignments, hosts
+from gpuaas.contracts.enums import AllocationStatus
+from gpuaas.contracts.events.allocations import HostStatus
+from gpuaas.kit.metrics import SLOW_BUCKETS, after_commit, metrics_of
+
+# The label of hosts (and their GPUs) enrolled without a host class.
+NO_CLASS = "none"
+
+
+class AllocationsMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.gpus = Gauge(
+            "gpuaas_gpus",
+            "GPUs of hosts that are not decommissioned, by host class and state: used (held by an allocation), "
+            "free (unheld on a ready host) or unavailable (unheld on an enrolling, cordoned or unreachable host); "
+            "the states sum to the total",
+            ["host_class", "state"],
+            registry=registry,
+        )
+        self.hosts = Gauge(
+            "gpuaas_hosts", "Hosts by host class and status", ["host_class", "status"], registry=registry
+        )
+        self.allocations = Gauge("gpuaas_allocations", "Allocations by status", ["status"], registry=registry)
+        self.placement_refusals = Counter(
+            "gpuaas_placement_refusals_total",
+            "Allocation creates and resizes refused for capacity or quota, by reason (the problem's code)",
+            ["reason"],
+            registry=registry,
+        )
+        self.activation = Histogram(
+            "gpuaas_allocation_activation_seconds",
+            "Time from an allocation's request (create) to active",
+            buckets=SLOW_BUCKETS,
+            registry=registry,
+        )
+        self.heartbeat_losses = Counter(
+            "gpuaas_host_heartbeat_losses_total",
+            "Hosts marked unreachable because their agent stopped heartbeating",
+            registry=registry,
+        )
+
+    async def refresh(self, session: AsyncSession) -> None:
+        host_rows = (
+            await session.execute(
+                select(hosts.c.host_id, hosts.c.host_class, hosts.c.status, func.jsonb_array_length(hosts.c.gpus))
+            )
+        ).all()
+        held = dict(
+            (
+                await session.execute(
+                    select(gpu_assignments.c.host_id, func.count()).group_by(gpu_assignments.c.host_id)
+                )
+            ).all()
+        )
+        by_status = dict(
+            (await session.execute(select(allocations.c.status, func.count()).group_by(allocations.c.status))).all()
+        )
+        gpus: dict[tuple[str, str], int] = {}
+        host_counts: dict[tuple[str, str], int] = {}
+        for host_id, host_class, status, total in host_rows:
+            cls = host_class or NO_CLASS
+            host_counts[(cls, status)] = host_counts.get((cls, status), 0) + 1
+            if status == HostStatus.decommissioned:
+                continue
+            used = held.get(host_id, 0)
+            idle = "free" if status == HostStatus.ready else "unavailable"
+            for state in ("used", "free", "unavailable"):
+                gpus.setdefault((cls, state), 0)
+            gpus[(cls, "used")] += used
+            gpus[(cls, idle)] += max((total or 0) - used, 0)
+        # No await from here on: a concurrent scrape never sees the gauges half cleared.
+        self.gpus.clear()
+        for (cls, state), n in gpus.items():
+            self.gpus.labels(cls, state).set(n)
+        self.hosts.clear()
+        for (cls, status), n in host_counts.items():
+            self.hosts.labels(cls, status).set(n)
+        for status in AllocationStatus:
+            self.allocations.labels(status.value).set(by_status.get(status.value, 0))
+
+
+def refused(session: AsyncSession, reason: str) -> None:
+    """A create or resize refused for capacity or quota (counted at once: the transaction rolls back)."""
+    if m := metrics_of(session, AllocationsMetrics):
+        m.placement_refusals.labels(reason).inc()
+
+
+def activated(session: AsyncSession, requested_at: datetime, activated_at: datetime) -> None:
+    """An allocation became active for the first time: its create→active time, once the change commits."""
+    if m := metrics_of(session, AllocationsMetrics):
+        seconds = max((activated_at - requested_at).total_seconds(), 0.0)
+        after_commit(session, lambda: m.activation.observe(seconds))
+
+
+def heartbeat_lost(session: AsyncSession, hosts_lost: int) -> None:
+    if hosts_lost and (m := metrics_of(session, AllocationsMetrics)):
+        after_commit(session, lambda: m.heartbeat_losses.inc(hosts_lost))
