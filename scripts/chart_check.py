@@ -47,7 +47,14 @@ MIGRATE_ENV = {"GPUAAS_MIGRATE_SERVICES", "GPUAAS_MIGRATE_PROVISION", "GPUAAS_DA
 EXPECT: dict[str, dict[str, int]] = {
     "minimal": {"Deployment": 7, "Service": 7, "PodDisruptionBudget": 7, "NetworkPolicy": 7, "Job": 1, "Secret": 2},
     "external-kafka": {"Deployment": 8, "ConfigMap": 1, "Ingress": 1, "ServiceMonitor": 1, "Job": 1, "Secret": 0},
-    "hpa-vault": {"Deployment": 7, "HorizontalPodAutoscaler": 7, "DaemonSet": 1, "ServiceMonitor": 1, "Secret": 2},
+    "hpa-vault": {
+        "Deployment": 7,
+        "HorizontalPodAutoscaler": 7,
+        "DaemonSet": 1,
+        "ServiceMonitor": 1,
+        "PrometheusRule": 1,
+        "Secret": 2,
+    },
     "agent-declared-gpus": {"Deployment": 6, "DaemonSet": 1, "HorizontalPodAutoscaler": 0},
 }
 # (name, --set arguments on top of the minimal set, text the error must contain)
@@ -106,7 +113,7 @@ class _CrdLoader(yaml.SafeLoader):
 
 
 _CrdLoader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
-CRD_FILES = ["monitoring.coreos.com_servicemonitors.yaml"]
+CRD_FILES = ["monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"]
 
 
 def crd_schemas(crd_dir: Path) -> dict[tuple[str, str], Any]:
