@@ -28,7 +28,7 @@ TTL_S = 300.0
 
 
 class FakeClock:
-    """Stands in for the `time` module inside gpuaas.kit.auth: only `monotonic` moves, by hand."""
+    """The cache's monotonic clock, moved by hand."""
 
     def __init__(self) -> None:
         self.now = 10_000.0  # not 0.0: the cache reads a fetch time of 0.0 as "never fetched"
@@ -38,9 +38,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-    def __getattr__(self, name: str) -> Any:  # anything else from the real module
-        return getattr(time, name)
 
 
 @dataclass
@@ -88,10 +85,8 @@ def token_signed_by(key: ECKey) -> str:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    monkeypatch.setattr(auth, "time", fake)
-    return fake
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture
@@ -105,15 +100,15 @@ async def served() -> AsyncIterator[tuple[JwksServer, ECKey]]:
         await server.stop()
 
 
-def cache_for(server: JwksServer) -> auth.JWKSCache:
-    return auth.JWKSCache(server.url, ttl_s=TTL_S, min_refresh_interval_s=INTERVAL_S)
+def cache_for(server: JwksServer, clock: FakeClock) -> auth.JWKSCache:
+    return auth.JWKSCache(server.url, ttl_s=TTL_S, min_refresh_interval_s=INTERVAL_S, clock=clock.monotonic)
 
 
 async def test_unknown_kid_refetches_at_most_once_per_interval(
     clock: FakeClock, served: tuple[JwksServer, ECKey]
 ) -> None:
     server, key = served
-    cache = cache_for(server)
+    cache = cache_for(server, clock)
     await cache.keys(want_kid=key.kid)
     assert server.fetches == 1  # the first use fetches
 
@@ -133,7 +128,7 @@ async def test_unknown_kid_refetches_at_most_once_per_interval(
 
 async def test_concurrent_unknown_kids_share_one_refetch(clock: FakeClock, served: tuple[JwksServer, ECKey]) -> None:
     server, key = served
-    cache = cache_for(server)
+    cache = cache_for(server, clock)
     await cache.keys(want_kid=key.kid)
     clock.advance(INTERVAL_S + 1)
     await asyncio.gather(*(cache.keys(want_kid=f"unknown-{i}") for i in range(25)))
@@ -144,7 +139,7 @@ async def test_known_kid_is_served_from_the_cache_until_the_ttl(
     clock: FakeClock, served: tuple[JwksServer, ECKey]
 ) -> None:
     server, key = served
-    cache = cache_for(server)
+    cache = cache_for(server, clock)
     for _ in range(10):
         await cache.keys(want_kid=key.kid)
         clock.advance(TTL_S / 20)
@@ -158,7 +153,7 @@ async def test_rotated_key_is_picked_up_after_the_interval(clock: FakeClock, ser
     """Through the verifier: a token of a key identity has just published is refused (with no new
     fetch) inside the interval and accepted after it; a forged kid costs at most one fetch per interval."""
     server, old = served
-    verifier = auth.TokenVerifier(cache_for(server), issuer="iss", audience="gpuaas")
+    verifier = auth.TokenVerifier(cache_for(server, clock), issuer="iss", audience="gpuaas")
     assert (await verifier.verify(token_signed_by(old))).subject
     rotated = new_key()
     server.keys = {"keys": [rotated.as_dict(private=False), old.as_dict(private=False)]}
@@ -185,7 +180,7 @@ async def test_rotated_key_is_picked_up_after_the_interval(clock: FakeClock, ser
 async def test_failing_identity_is_not_hammered(clock: FakeClock, served: tuple[JwksServer, ECKey]) -> None:
     server, key = served
     server.status = 500
-    cache = cache_for(server)
+    cache = cache_for(server, clock)
     for _ in range(20):
         with pytest.raises(Unavailable):
             await cache.keys(want_kid=key.kid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -50,8 +51,15 @@ class Principal:
 
 
 class JWKSCache:
-    def __init__(self, url: str, ttl_s: float = 300.0, min_refresh_interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        ttl_s: float = 300.0,
+        min_refresh_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,  # injectable: tests move time by hand
+    ) -> None:
         self.url = url
+        self._clock = clock
         self.ttl_s = ttl_s
         self.min_refresh_interval_s = min_refresh_interval_s
         self._keys: KeySet | None = None
@@ -59,12 +67,12 @@ class JWKSCache:
         self._lock = asyncio.Lock()
 
     async def keys(self, *, want_kid: str | None = None) -> KeySet:
-        now = time.monotonic()
+        now = self._clock()
         stale = self._keys is None or now - self._fetched_at > self.ttl_s
         missing = want_kid is not None and self._keys is not None and not _has_kid(self._keys, want_kid)
         if stale or (missing and now - self._fetched_at > self.min_refresh_interval_s):
             async with self._lock:
-                if self._fetched_at == 0.0 or time.monotonic() - self._fetched_at > self.min_refresh_interval_s:
+                if self._fetched_at == 0.0 or self._clock() - self._fetched_at > self.min_refresh_interval_s:
                     await self._refresh()
         if self._keys is None:
             # Not the caller's fault: a 401 would make clients drop a perfectly good session.
@@ -73,7 +81,7 @@ class JWKSCache:
 
     def set(self, keys: dict[str, Any]) -> None:
         self._keys = KeySet.import_key_set(keys)
-        self._fetched_at = time.monotonic()
+        self._fetched_at = self._clock()
 
     async def _refresh(self) -> None:
         try:
@@ -83,7 +91,7 @@ class JWKSCache:
                 self.set(resp.json())
         except (httpx.HTTPError, ValueError) as exc:
             log.warning("jwks_fetch_failed", url=self.url, error=str(exc))
-            self._fetched_at = time.monotonic()  # back off; keep serving the old keys
+            self._fetched_at = self._clock()  # back off; keep serving the old keys
 
 
 def _has_kid(keys: KeySet, kid: str) -> bool:
