@@ -6,10 +6,11 @@ PYTHON ?= python3
 UV = $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 UV_RUN = $(UV) run --frozen
 
-.PHONY: run install migrate ensure-uv deps-apt test test-unit lint bench demo test-kafka test-faults test-badinput kafka-jars console contracts-wheel chart-check \
+.PHONY: run install migrate ensure-uv deps-apt deps-apt-packages subids runtime-images test test-unit test-isolation lint bench demo test-kafka test-faults test-badinput kafka-jars console contracts-wheel chart-check \
 	observability-check
 
-## run: install, then start Postgres, Kafka (Tansu), every service and the gateway; Ctrl-C stops all
+## run: install, then start Postgres, Kafka (Tansu), the OCI registry with the runtime images (built once, cached),
+##      every service and the gateway, and two node agents (container driver); Ctrl-C stops all
 run: install
 	$(UV_RUN) python -m gpuaas.devstack run
 
@@ -47,6 +48,11 @@ PYTEST = $(UV_RUN) pytest -q -p no:cacheprovider
 kafka-jars: install
 	$(KAFKA_CLI) fetch
 
+## keycloak: fetch the Keycloak server distribution once (mvn dependency:copy from Maven Central, unpacked into
+##           ~/.cache/gpuaas/keycloak) for tests/e2e/test_keycloak_federation.py (which fetches it itself if missing)
+keycloak: install
+	$(UV_RUN) python -m gpuaas.devstack.keycloak fetch
+
 ## test-kafka: the same suites on Apache Kafka: integration tests against a fresh broker started here
 ##             (GPUAAS_KAFKA_BOOTSTRAP), then e2e, bad input and fault injection on stacks that each run their
 ##             own Apache Kafka (GPUAAS_STACK_BROKER=kafka: broker stop/start keeps the log)
@@ -57,13 +63,19 @@ test-kafka: kafka-jars
 	trap '$(KAFKA_CLI) stop --dir $(KAFKA_TEST_DIR) --remove' EXIT; \
 	echo "integration suites on Apache Kafka at $$bootstrap"; \
 	GPUAAS_KAFKA_BOOTSTRAP=$$bootstrap $(PYTEST) libs services agents
-	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/e2e
+	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/e2e --ignore=tests/e2e/test_keycloak_federation.py
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/badinput
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/faults
 
 ## test-faults: fault injection only (SIGKILLs, broker stop/crash/outage, Postgres restart, node-agent kill) on Apache Kafka
 test-faults: kafka-jars
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) -s tests/faults
+
+## test-isolation: isolated allocations through the platform (tests/isolation: two tenants on one container host,
+##                 limits, release, agent SIGKILLs, tampered and retired runtimes; real podman, registry and SSH, as
+##                 root); `make test` collects them too
+test-isolation: install
+	$(PYTEST) tests/isolation
 
 ## test-badinput: schemathesis through the gateway and direct, oversized bodies, malformed events (Tansu)
 test-badinput: install
@@ -83,6 +95,12 @@ observability-check: install
 	promtool test rules $(OBS)/prometheus/tests/alerts_test.yml
 	promtool check config $(OBS)/prometheus/prometheus.yml $(OBS)/prometheus/prometheus-local.yml
 	$(PYTEST) $(OBS)/tests libs/kit/tests/test_metrics_names.py
+
+## runtime-images: build the runtime images allocations run in (gpuaas-base, gpuaas-scipy: Debian 12 with mmdebstrap,
+##                 recipes in deploy/images/runtimes) into podman's storage; cached by recipe hash in
+##                 ~/.cache/gpuaas/runtime-images (`make run` pushes them to its registry and seeds the catalog)
+runtime-images: install
+	$(UV_RUN) python -m gpuaas.devstack.runtime_images build
 
 ## demo: the golden path (tenant → allocations → Slurm → billing → audit) against a running `make run`, step by step
 demo: install
@@ -113,7 +131,7 @@ chart-check: ensure-uv $(HELM)
 
 ## bench: every benchmark, one after the other (each prints its figures and writes bench/results/<name>.json;
 ##        see bench/README.md): event pipeline, FastStream consumer, metering, allocations, gateway vs nginx, load
-BENCHES := event_pipeline faststream_consumer metering allocations gateway load
+BENCHES := event_pipeline faststream_consumer metering allocations gateway load revocation
 bench: install
 	@set -e; for b in $(BENCHES); do echo "== bench/$$b.py"; $(UV_RUN) python bench/$$b.py; done
 
@@ -122,10 +140,18 @@ bench: install
 # and Maven (Apache Kafka for make test-kafka / test-faults) come with the machine image. prometheus: promtool for
 # make observability-check, and the server tests/e2e/test_business_metrics.py scrapes the stack with. nginx-light:
 # the standard proxy bench/gateway.py measures the gateway against (the bench runs its own nginx from a config it
-# writes; the package's own service, if the install started one, is not used).
+# writes; the package's own service, if the install started one, is not used). podman, runc, slirp4netns, uidmap:
+# the node agent's container driver (deploy/local/containers.conf); mmdebstrap builds the runtime images.
 APT_PACKAGES := docker-registry skopeo umoci chromium slurm-wlm slurmdbd munge mariadb-server libpmix-dev prometheus \
-	nginx-light
-deps-apt:
+	nginx-light podman runc slirp4netns mmdebstrap uidmap
+deps-apt: subids
+subids: deps-apt-packages
+	@# podman's --userns=auto takes container user namespaces from the `containers` ranges (idempotent)
+	@sudo=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	for f in /etc/subuid /etc/subgid; do \
+		grep -q '^containers:' $$f 2>/dev/null || echo 'containers:2147483647:2147483648' | $$sudo tee -a $$f >/dev/null; \
+	done
+deps-apt-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:" $$missing; \

@@ -168,16 +168,7 @@ class Load:
 
 
 def start_agent(stack: Stack, token: str) -> subprocess.Popen:
-    state = stack.root / "agents" / "bench"
-    state.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "GPUAAS_AGENT_SERVER_URL": stack.service_url("allocations"),
-        "GPUAAS_AGENT_NODE_TOKEN": token,
-        "GPUAAS_AGENT_STATE_DIR": str(state),
-        "GPUAAS_AGENT_GPUS": "64xH100-80GB",
-        "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
-    }
+    env = stack.agent_env("bench", token, "64xH100-80GB")
     with open(stack.logs_dir / "agent-bench.log", "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "gpuaas.node_agent"], env=env, stdout=log, stderr=log, start_new_session=True

@@ -45,7 +45,7 @@ MIGRATE_ENV = {"GPUAAS_MIGRATE_SERVICES", "GPUAAS_MIGRATE_PROVISION", "GPUAAS_DA
 
 # Kinds (and how many) each value set must render; anything else rendered is reported.
 EXPECT: dict[str, dict[str, int]] = {
-    "minimal": {"Deployment": 7, "Service": 7, "PodDisruptionBudget": 7, "NetworkPolicy": 7, "Job": 1, "Secret": 2},
+    "minimal": {"Deployment": 7, "Service": 7, "PodDisruptionBudget": 7, "NetworkPolicy": 7, "Job": 1, "Secret": 3},
     "external-kafka": {"Deployment": 8, "ConfigMap": 1, "Ingress": 1, "ServiceMonitor": 1, "Job": 1, "Secret": 0},
     "hpa-vault": {
         "Deployment": 7,
@@ -53,7 +53,7 @@ EXPECT: dict[str, dict[str, int]] = {
         "DaemonSet": 1,
         "ServiceMonitor": 1,
         "PrometheusRule": 1,
-        "Secret": 2,
+        "Secret": 3,
     },
     "agent-declared-gpus": {"Deployment": 6, "DaemonSet": 1, "HorizontalPodAutoscaler": 0},
 }
@@ -70,6 +70,8 @@ MUST_FAIL = [
     ),
     ("a misspelt value (values.schema.json)", ["postgres.hots=db"], "additional properties 'hots' not allowed"),
     ("an unknown Kafka protocol", ["kafka.securityProtocol=TLS"], "value must be one of"),
+    ("identity events unsigned", ["eventSigning.existingSecret="], "eventSigning.existingSecret is required"),
+    ("no public key for identity", ["eventSigning.verifyKeys="], "eventSigning.verifyKeys is required"),
 ]
 
 

@@ -86,7 +86,6 @@ MEANINGS: dict[tuple[str, str], str] = {
     ("catalog", "registry_timeout_s"): "Timeout of calls to OCI registries (artifact verification).",
     ("app_runtime", "lease_max_s"): "The longest lease a controller may ask for on a member operation.",
     ("app_runtime", "reconcile_interval_s"): "Reconciler period (expired leases, overdue clearances).",
-    ("app_runtime", "credential_kek"): "Key-encryption key of the `schema` backend (base64 of 32 bytes); dev default.",
     ("app_runtime", "credential_kek_id"): "The KEK's id, stored with every credential it seals.",
     ("app_runtime", "vault_url"): "Vault's address (`vault` backend).",
     ("app_runtime", "vault_token"): "Vault token (`vault` backend).",

@@ -37,6 +37,7 @@ WANTED: dict[str, dict[str, str]] = {
         "SshKey": "SshKey",
         "SshGrantState": "SshGrant",
         "Volume": "Volume",
+        "RuntimeOption": "RuntimeOption",
     },
     "catalog": {"Manifest": "Manifest", "Artifact": "Artifact"},
     "app_runtime": {

@@ -145,3 +145,78 @@ def test_the_cli_builds_no_request_paths() -> None:
     """Every call goes through a typed SDK method: no `/api/...` path is written in the CLI."""
     src = Path(sso.__file__).parent
     assert [str(f.relative_to(src)) for f in sorted(src.rglob("*.py")) if "/api/" in f.read_text()] == []
+
+
+DIGEST = "sha256:" + "ab" * 32
+CONTAINER_ALLOCATION = {
+    "allocation_id": "00000000-0000-4000-8000-000000000001",
+    "tenant_id": "00000000-0000-4000-8000-000000000002",
+    "project_id": "00000000-0000-4000-8000-000000000003",
+    "name": "ws",
+    "shape": "gpu_slice",
+    "gpu_model": "H100-80GB",
+    "gpu_count": 1,
+    "status": "active",
+    "status_changed_at": "2024-05-01T12:00:00Z",
+    "requested_at": "2024-05-01T12:00:00Z",
+    "version": 1,
+    "after_release": "nothing persists",
+    "runtime": {"slug": "gpuaas-scipy", "version": "1.0.0", "image": f"r/runtimes/gpuaas-scipy@{DIGEST}"}
+    | {"digest": DIGEST},
+    "driver": "container",
+    "limits": {"cpus": 1.5, "memory_mb": 4096, "pids": 4096},
+}
+
+
+@pytest.fixture
+def allocation_server() -> Iterator[tuple[str, list[dict]]]:
+    """A platform answering an allocation (container driver, runtime, limits), its empty timeline, and
+    recording the bodies of creates."""
+    created: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, status: int, data: object) -> None:
+            body = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._answer(200, [] if self.path.split("?")[0].endswith("/timeline") else CONTAINER_ALLOCATION)
+
+        def do_POST(self) -> None:
+            created.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self._answer(201, CONTAINER_ALLOCATION)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", created
+    server.shutdown()
+    server.server_close()
+
+
+def test_show_says_what_the_allocation_runs_in(allocation_server: tuple[str, list[dict]]) -> None:
+    url, _ = allocation_server
+    Config(access_token="t").save()
+    result = CliRunner().invoke(app, ["--url", url, "alloc", "show", "a1"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert f"gpuaas-scipy 1.0.0 ({DIGEST})" in result.output
+    assert "container" in result.output and "1.5 CPUs, 4096 MB memory, 4096 pids" in result.output
+    shown = json.loads(CliRunner().invoke(app, ["--url", url, "--json", "alloc", "show", "a1"]).output)
+    assert (shown["runtime"]["digest"], shown["driver"], shown["limits"]["pids"]) == (DIGEST, "container", 4096)
+
+
+def test_create_sends_the_runtime_only_when_chosen(allocation_server: tuple[str, list[dict]]) -> None:
+    url, created = allocation_server
+    Config(access_token="t").save()
+    for extra in (["--runtime", "gpuaas-scipy@1.0.0"], ["--runtime", DIGEST], []):
+        result = CliRunner().invoke(app, ["--url", url, "--project", "p1", "alloc", "create", *extra])
+        assert result.exit_code == 0, result.output
+    assert [c.get("runtime") for c in created] == ["gpuaas-scipy@1.0.0", DIGEST, None]
+    assert "runtime" not in created[-1]

@@ -61,17 +61,7 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 
 
 def start_agent(stack: Stack, token: str, name: str, gpus: str) -> subprocess.Popen:
-    state = stack.root / "agents" / name
-    state.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "GPUAAS_AGENT_SERVER_URL": stack.service_url("allocations"),
-        "GPUAAS_AGENT_NODE_TOKEN": token,
-        "GPUAAS_AGENT_STATE_DIR": str(state),
-        "GPUAAS_AGENT_GPUS": gpus,
-        "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
-        "GPUAAS_AGENT_LONG_POLL_S": "5",
-    }
+    env = stack.agent_env(name, token, gpus, GPUAAS_AGENT_LONG_POLL_S="5")
     log = open(stack.logs_dir / f"agent-{name}.log", "ab")  # noqa: SIM115 - handed to the child
     return subprocess.Popen(
         [sys.executable, "-m", "gpuaas.node_agent"], env=env, stdout=log, stderr=log, start_new_session=True

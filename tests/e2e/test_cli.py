@@ -1,6 +1,7 @@
 """The `gpuaas` CLI as a process against the whole suite: login (wrong password → a clear problem, exit 1),
-keys add/list/delete, volumes create/list/delete, alloc create --wait (timeline followed to active),
-list/show --json, ssh --print, a command over SSH with the printed endpoint, resize --wait, restart --wait,
+keys add/list/delete, volumes create/list/delete, alloc runtimes, alloc create --runtime --wait (timeline
+followed to active; on a stack with the runtime images: the runtime, driver and limits in show), list/show
+--json, ssh --print, a command over SSH with the printed endpoint, resize --wait, restart --wait,
 grants add/list/remove (a colleague's key), apps list, apps deploy --wait (manifest inputs with -c) on the
 allocation with a running app controller, apps status (list, one), add-worker on a second allocation and
 remove-worker, decommission --wait, a problem+json error (unknown app: `error: … (code, HTTP 4xx)`,
@@ -101,10 +102,24 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
 
         await eventually(host_ready, 60, "host ready")
 
+        # The runtime images (container driver) when the stack has them: chosen by digest here.
+        base = stack.runtimes.pushed.get("gpuaas-base")
+        runtime_args = ["--runtime", base.digest] if base else []
+        if base:
+
+            async def offered() -> Any:
+                runtimes = await cli.json("alloc", "runtimes")
+                return runtimes if {"gpuaas-base", "gpuaas-scipy"} <= {r["slug"] for r in runtimes} else None
+
+            runtimes = await eventually(offered, 60, "runtimes offered", interval_s=1)
+            assert base.digest in {r["digest"] for r in runtimes if r["slug"] == "gpuaas-base"}
+            _, runtimes_table, _ = await cli("alloc", "runtimes")
+            assert "gpuaas-scipy" in runtimes_table and "Runtimes" in runtimes_table
+
         async def create() -> Any:  # allocations' IAM projection catches up with identity
             rc, out, _err = await cli(
                 "--json", "alloc", "create", "--name", "cli", "--gpus", "1", "--host-class", host_class,
-                "--volume", vol["volume_id"], "--wait", "--timeout", "120", ok=False,
+                "--volume", vol["volume_id"], *runtime_args, "--wait", "--timeout", "120", ok=False,
             )  # fmt: skip
             return json.loads(out) if rc == 0 else None
 
@@ -117,7 +132,13 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         assert {"provision"} <= {e["phase"] for e in shown["timeline"]} or len(shown["timeline"]) >= 2
         # The progress display (stderr, plain lines when not a terminal) names the phases as they happen.
         _, table_out, _ = await cli("alloc", "show", aid)
-        assert aid in table_out and "Timeline" in table_out
+        assert aid in table_out and "Timeline" in table_out and "Isolation" in table_out
+        if base:
+            assert shown["runtime"]["slug"] == "gpuaas-base" and shown["runtime"]["digest"] == base.digest
+            assert shown["driver"] == "container" and shown["limits"]["pids"] > 0
+            assert f"gpuaas-base {base.version} ({base.digest})" in table_out and "container" in table_out
+            rc, _, err = await cli("alloc", "create", "--gpus", "1", "--runtime", "no-such-runtime", ok=False)
+            assert rc == 1 and "runtime_unavailable, HTTP 422" in err, err
 
         argv = (await cli.json("alloc", "ssh", aid, "--print"))["argv"]
         port, target = int(argv[argv.index("-p") + 1]), argv[-1]

@@ -7,7 +7,10 @@ active, open the terminal and run a command, restart it and resize it (live time
 project member SSH access, create a volume and attach it, browse the catalog, deploy an app through the
 wizard (manifest inputs) and see it running, add a worker on a second allocation and remove it, decommission
 the instance, release the allocation, see the cost appear, the narrow-screen layout, logout, the operator
-pages, and create a budget and see it listed. Any console error fails it; every page is screenshotted.
+pages, and create a budget and see it listed. On a stack with the runtime images (container driver), the
+first allocation is created from a runtime picked in the form (gpuaas-scipy), and its page must show that
+runtime, its digest, the driver and the limits, and after release the agent's release checks; the operator's
+hosts page shows the host's driver and tenancy. Any console error fails it; every page is screenshotted.
 (SSO from the console is in test_identity_sso.py, next to the enterprise IdP it needs.)"""
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ CONSOLE = ROOT / "web" / "console"
 CHROMIUM = os.environ.get("GPUAAS_CHROMIUM", "/usr/bin/chromium")
 PASSWORD = "console-horse-battery"
 APP = "slurm-reference"
+RUNTIME_SLUG = "gpuaas-scipy"  # picked in the form: not the platform default (gpuaas-base)
 
 
 def _newest(path: Path) -> float:
@@ -176,6 +180,13 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
             return (await gw.get(f"/api/allocations/hosts/{host['host_id']}")).json().get("status") == "ready"
 
         await eventually(host_ready, 60, "host ready")
+        # With the runtime images (container driver) the browser picks a runtime other than the default.
+        scipy = stack.runtimes.pushed.get(RUNTIME_SLUG)
+        runtime_env = (
+            {"RUNTIME": f"{RUNTIME_SLUG}@{scipy.version}", "RUNTIME_DIGEST": scipy.digest, "EXPECT_DRIVER": "container"}
+            if scipy
+            else {"EXPECT_DRIVER": "process"}
+        )
         async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as c:
             r = await c.post(
                 "/api/identity/auth/token", data={"grant_type": "password", "username": email, "password": PASSWORD}
@@ -193,8 +204,12 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
                     c.get("/api/catalog/apps", params={"tenant_id": tid}, headers=user),
                 ]
                 answers = [await a for a in checks]
-                return all(a.status_code == 200 for a in answers) and any(
-                    app["slug"] == APP for app in answers[-1].json()
+                runtimes = await c.get("/api/allocations/runtimes", params={"project_id": pid}, headers=user)
+                offered = {f"{r['slug']}@{r['version']}" for r in runtimes.json()} if runtimes.is_success else set()
+                return (
+                    all(a.status_code == 200 for a in answers)
+                    and any(app["slug"] == APP for app in answers[-1].json())
+                    and (not runtime_env or runtime_env["RUNTIME"] in offered)
                 )
 
             await eventually(projected, 60, "the project in every service's projection", interval_s=0.5)
@@ -217,6 +232,7 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
                 "MEMBER_USER_ID": colleague,
                 "MEMBER_PUBLIC_KEY": colleague_key,
                 "BUDGET_NAME": budget,
+                **runtime_env,
             },
         )
         names = [s["name"] for s in result["steps"]]
@@ -234,6 +250,17 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
         ):
             assert name in names, name
         assert len(result["screenshots"]) >= 28
+        if scipy:
+            assert "the allocation shows its runtime, digest, driver and limits" in names
+            assert result["runtimeShown"] == f"{RUNTIME_SLUG} {scipy.version}"
+            row = await stack.fetch(
+                "allocations",
+                "SELECT runtime, driver, limits FROM allocations WHERE allocation_id = $1",
+                uuid.UUID(result["allocation"]),
+            )
+            stored = {k: json.loads(v) if k != "driver" and isinstance(v, str) else v for k, v in dict(row[0]).items()}
+            assert stored["runtime"]["digest"] == scipy.digest and stored["driver"] == "container", stored
+            assert stored["limits"]["pids"] > 0
         # What the browser did is real: the allocation was released, the instance decommissioned, a charge exists.
         alloc = result["allocation"]
         sql = "SELECT status FROM allocations WHERE allocation_id = $1"

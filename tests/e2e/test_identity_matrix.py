@@ -161,6 +161,9 @@ ROWS: dict[tuple[str, str], Row] = {
             "domains": [f"d{w.unique()}.example.com"],
         }
     ),
+    ("POST", "/api/identity/tenants/{tenant_id}/identity-providers/{idp_id}/domains/{domain}/verify"): Row(
+        exempt="needs a DNS TXT record on the operator's resolver; tests/security/test_federation_hardening.py"
+    ),
     ("POST", "/api/identity/oauth-clients"): Row(
         body=lambda w: {"name": "rp", "redirect_uris": ["https://rp.example.com/cb"]}
     ),
@@ -223,6 +226,14 @@ ROWS.update(
         ("POST", f"{_A}/hosts/{{host_id}}/cordon"): Row(setup=_fresh_host, body=lambda w: {"reason": "matrix"}),
         ("POST", f"{_A}/hosts/{{host_id}}/drain"): Row(setup=_fresh_host, body=lambda w: {"reason": "matrix"}),
         ("POST", f"{_A}/hosts/{{host_id}}/uncordon"): Row(setup=_cordoned_host),
+        ("POST", f"{_A}/hosts/{{host_id}}/re-enrol"): Row(setup=_fresh_host, body=lambda w: {"reason": "matrix"}),
+        ("PUT", f"{_A}/hosts/{{host_id}}/tenancy"): Row(
+            setup=_fresh_host, body=lambda w: {"shared_tenancy_allowed": True, "reason": "matrix"}
+        ),
+        ("PUT", f"{_A}/host-classes/{{name}}"): Row(
+            setup=lambda w: _const({"name": f"mx-{w.unique()}"}), body=lambda w: {"pids_limit": 4096}
+        ),
+        ("GET", f"{_A}/runtimes"): Row(expect=_self_service),  # the platform's offered runtimes, to anyone signed in
         ("POST", f"{_A}/projects/{{project_id}}/allocations"): Row(exempt=ALLOC),
         ("GET", f"{_A}/allocations"): Row(expect=_self_service),  # filtered to the caller's visible projects
         ("POST", f"{_A}/projects/{{project_id}}/volumes"): Row(body=lambda w: {"name": f"v{w.unique()}", "size_gb": 1}),

@@ -38,12 +38,15 @@ from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from gpuaas.devstack.infra import Tansu, free_port, stop_process
 from gpuaas.devstack.stack import Stack
 from gpuaas.devstack.waiting import eventually
+from gpuaas.kit.event_signing import generate_seed
 from gpuaas.kit.provision import ensure_service_schema
+from gpuaas.kit.secrets_at_rest import generate_key_text
 
 from .test_cli import Cli
 from .test_console import console_served, run_browser
 
 PASSWORD = "enterprise-password-1"
+KEY_VARIABLES = ("GPUAAS_SECRETS_KEYS", "GPUAAS_IDENTITY_EVENT_SIGNING_KEY", "GPUAAS_EVENT_VERIFY_KEYS")
 
 
 @dataclass
@@ -84,9 +87,14 @@ async def idp(stack: Stack) -> AsyncIterator[EnterpriseIdP]:
         "GPUAAS_IDENTITY_BOOTSTRAP_ADMIN_EMAIL": admin_email,
         "GPUAAS_IDENTITY_BOOTSTRAP_ADMIN_PASSWORD": admin_password,
         "GPUAAS_IDENTITY_LOG_JSON": "false",
+        # Its own keys (issue 17): no default keyring, and identity's events are signed.
+        "GPUAAS_SECRETS_KEYS": generate_key_text("idp"),
+        "GPUAAS_IDENTITY_EVENT_SIGNING_KEY": generate_seed(),
         "GPUAAS_KAFKA_BOOTSTRAP": broker.bootstrap,
         "GPUAAS_JWKS_URL": f"{url}/.well-known/jwks.json",
         "GPUAAS_JWT_ISSUER": url,
+        # The key material the stack's identity has (event signing, secrets at rest); nothing else is shared.
+        **{k: v for k, v in stack.env_for("identity").items() if k in KEY_VARIABLES},
     }
     try:
         proc, log = await asyncio.to_thread(_launch, env, root)
@@ -154,6 +162,7 @@ async def acme_tenant(gw: httpx.AsyncClient, idp: EnterpriseIdP, *, name: str = 
             "client_secret": idp.client_secret,
             "domains": [domain],
             "default_role": "viewer",
+            "domains_verified": True,  # the operator attests (DNS proof: tests/security/test_federation_hardening.py)
         },
     )
     assert r.status_code == 201, r.text
@@ -217,14 +226,11 @@ async def test_enterprise_sso_federation(stack: Stack, gw: httpx.AsyncClient, id
     )
     assert r.status_code == 409 and r.json()["code"] == "domain_taken"
 
-    # Account-type discovery (public), hint advisory.
+    # Account-type discovery (public): only what login needs, never the tenant; the hint is ignored.
     r = await gw.get("/api/identity/auth/discover", params={"email": f"alice@{domain}", "tenant": f"other-{suffix}"})
     d = r.json()
-    assert d["account_type"] == "work" and d["login"] == "sso" and d["tenant"]["tenant_id"] == tid
-    assert d["identity_provider"]["idp_id"] == idp_id and d["tenant_hint"] == {
-        "slug": f"other-{suffix}",
-        "matches": False,
-    }
+    assert d["account_type"] == "work" and d["login"] == "sso" and d["tenant"] is None
+    assert d["identity_provider"]["idp_id"] == idp_id and d["tenant_hint"] is None
     d = (await gw.get("/api/identity/auth/discover", params={"email": "someone@gmail.com"})).json()
     assert d["account_type"] == "personal" and d["login"] == "password" and d["tenant"] is None
 

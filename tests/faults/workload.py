@@ -92,17 +92,7 @@ class Agent:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        state = self.stack.root / "agents" / self.name
-        state.mkdir(parents=True, exist_ok=True)
-        env = {
-            **os.environ,
-            "GPUAAS_AGENT_SERVER_URL": self.stack.service_url("allocations"),
-            "GPUAAS_AGENT_NODE_TOKEN": self.token,
-            "GPUAAS_AGENT_STATE_DIR": str(state),
-            "GPUAAS_AGENT_GPUS": f"{GPUS_PER_HOST}xH100-80GB",
-            "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
-            "GPUAAS_AGENT_LONG_POLL_S": "5",
-        }
+        env = self.stack.agent_env(self.name, self.token, f"{GPUS_PER_HOST}xH100-80GB", GPUAAS_AGENT_LONG_POLL_S="5")
         with open(self.stack.logs_dir / f"agent-{self.name}.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuaas.node_agent"],

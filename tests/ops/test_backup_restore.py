@@ -35,7 +35,7 @@ from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.devstack.infra import _pg_bin
 from gpuaas.kit.app import ServiceSpec, create_app
 from gpuaas.kit.db import to_plain_url
-from gpuaas.kit.testing import new_service_db, running, wait_for
+from gpuaas.kit.testing import key_settings, new_service_db, running, wait_for
 from gpuaas.kit.testing_events import apply_events, platform_admin, project_created, publish, tenant_created
 from gpuaas.metering.app import SPEC as METERING
 
@@ -59,7 +59,7 @@ class Service:
             jwt_issuer="http://test-issuer/api/identity",
             outbox_poll_interval_s=0.5,
             log_json=False,
-            **overrides,
+            **{**key_settings(spec.name), **overrides},  # the test keys (secrets at rest, event signatures)
         )
 
     @asynccontextmanager

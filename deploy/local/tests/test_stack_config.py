@@ -114,3 +114,21 @@ def test_process_control_needs_a_started_stack(tmp_path: Path) -> None:
     assert s.supervise_once() == []
     s.stop()  # a no-op, not an error
     assert not (tmp_path / "stack.json").exists()
+
+
+def test_the_stack_generates_its_own_keys_and_hands_each_service_its_own(tmp_path: Path) -> None:
+    """Issue 17: no default keys in the services; the stack generates a secrets-at-rest keyring and an envelope
+    signing key per service into secrets.json (kept across runs) and gives every service identity's public key."""
+    from gpuaas.kit.event_signing import EventSigner, EventVerifier
+    from gpuaas.kit.secrets_at_rest import Keyring
+
+    s = Stack(StackConfig(root=tmp_path))
+    identity, billing = s.env_for("identity"), s.env_for("billing")
+    assert Keyring.parse(identity["GPUAAS_SECRETS_KEYS"]).primary == "local1"
+    assert identity["GPUAAS_IDENTITY_EVENT_SIGNING_KEY"] != billing["GPUAAS_BILLING_EVENT_SIGNING_KEY"]
+    verifier = EventVerifier.parse(billing["GPUAAS_EVENT_VERIFY_KEYS"])
+    assert EventSigner(identity["GPUAAS_IDENTITY_EVENT_SIGNING_KEY"]).kid in verifier.keys["identity"]
+    assert set(verifier.keys) == {"identity", "allocations", "catalog", "app-runtime", "metering", "billing"}
+    again = Stack(StackConfig(root=tmp_path)).env_for("identity")
+    assert again["GPUAAS_SECRETS_KEYS"] == identity["GPUAAS_SECRETS_KEYS"]
+    assert "GPUAAS_SECRETS_KEYS" not in s.env_for("gateway")

@@ -198,6 +198,37 @@ def test_local_agents_serve_hosts_with_declared_gpus(stack: Stack, root: Path) -
     assert [g["model"] for g in hosts["local-a100"]["gpus"]] == ["A100-80GB"] * 4
 
 
+def test_runtime_images_are_seeded_and_the_agents_run_the_container_driver(stack: Stack, root: Path) -> None:
+    if not stack.runtimes.enabled:
+        pytest.skip("podman or docker-registry is not installed: the stack runs no registry")
+    assert stack.runtimes.wait_seeded()  # the default runtime is seeded by start(), the others soon after
+    registry = read_json(root / "stack.json")["registry"]
+    assert registry["error"] is None and stack.runtimes.seed_error is None
+    assert registry["agent_driver"] == "container" and alive(registry["pid"])
+    assert set(registry["images"]) == {"gpuaas-base", "gpuaas-scipy"}
+    base = registry["images"]["gpuaas-base"]
+    assert base["ref"] == f"{registry['address']}/runtimes/gpuaas-base@{base['digest']}"
+    email, password = stack.admin_login
+    r = httpx.post(
+        f"{stack.gateway_url}/api/identity/auth/token",
+        timeout=30,
+        data={"grant_type": "password", "username": email, "password": password},
+    )
+    headers = {"Authorization": f"Bearer {r.json()['access_token']}"}
+    for slug, image in registry["images"].items():
+        (manifest,) = httpx.get(f"{stack.gateway_url}/api/catalog/apps/{slug}", headers=headers, timeout=30).json()
+        assert manifest["artifact_kind"] == "runtime" and manifest["artifact_ref"] == image["ref"]
+        assert manifest["active"] is True and manifest["version"] == "1.0.0"
+    for name, agent in read_json(root / "stack.json")["agents"].items():
+        environ = psutil.Process(agent["pid"]).environ()
+        assert environ["GPUAAS_AGENT_DRIVER"] == "container"
+        assert environ["GPUAAS_AGENT_REGISTRY_INSECURE"] == "true"
+        assert "GPUAAS_AGENT_NODE_TOKEN" not in environ  # readable from /proc by anyone with the agent's uid
+        token_file = Path(environ["GPUAAS_AGENT_NODE_TOKEN_FILE"])
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert token_file.read_text() == stack.credentials.agent_token(name)
+
+
 async def test_each_service_role_sees_only_its_schema(stack: Stack) -> None:
     assert await stack.fetchval("identity", "SELECT current_user") == "gpuaas_identity"
     assert await stack.fetchval("app_runtime", "SELECT current_schema()") == "app_runtime"
@@ -342,6 +373,11 @@ async def test_stop_leaves_nothing_and_a_second_start_reuses_the_data(stack: Sta
         # Same secrets: the seeded login did not change.
         assert second.admin_login == stack.admin_login
         assert all(readyz(second, n) == 200 for n in ALL)
+        # Same registry address: the references the catalog pinned at the first start still resolve.
+        assert second.runtimes.address == stack.runtimes.address
+        assert {s: p.ref for s, p in second.runtimes.pushed.items()} == {
+            s: p.ref for s, p in stack.runtimes.pushed.items()
+        }
         pids = stack_pids(second)
     finally:
         await asyncio.to_thread(second.stop)

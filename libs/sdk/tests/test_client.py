@@ -20,6 +20,7 @@ from gpuaas.sdk.models import (
     Costs,
     Manifest,
     Me,
+    RuntimeOption,
     SshGrant,
     SshKey,
     Volume,
@@ -105,6 +106,35 @@ CASES: list[tuple[str, Call, Any, tuple[str, str, dict[str, str], Any, str | Non
             "k",
         ),
         Allocation,
+    ),
+    (
+        "create allocation on a runtime",
+        lambda c: c.create_allocation("p1", gpu_model="H100-80GB", gpu_count=1, runtime="gpuaas-scipy@1.0.0"),
+        ALLOCATION,
+        (
+            "POST",
+            "/api/allocations/projects/p1/allocations",
+            {},
+            {"name": "", "shape": "gpu_slice", "gpu_model": "H100-80GB", "gpu_count": 1, "host_class": None}
+            | {"volume_ids": [], "runtime": "gpuaas-scipy@1.0.0"},
+            None,
+        ),
+        Allocation,
+    ),
+    (
+        "runtimes offered to a project",
+        lambda c: c.runtimes("p1"),
+        [
+            {
+                "slug": "gpuaas-base",
+                "version": "1.0.0",
+                "image": "r/runtimes/gpuaas-base@sha256:1",
+                "digest": "sha256:1",
+            }
+            | {"display_name": "GPUaaS base", "state": "active"}
+        ],
+        ("GET", "/api/allocations/runtimes", {"project_id": "p1"}, None, None),
+        RuntimeOption,
     ),
     (
         "list allocations",

@@ -23,6 +23,7 @@ from gpuaas.contracts.enums import MembershipScope, Role
 from gpuaas.contracts.events import identity as identity_events
 from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.iam import apply_locally
+from gpuaas.kit.kafka import make_producer
 from gpuaas.kit.testing import service_app, wait_for
 from gpuaas.node_agent.agent import Agent
 from gpuaas.node_agent.settings import AgentSettings
@@ -68,6 +69,9 @@ class World:
             return dict(r.json())
 
     async def start_agent(self, token: str, name: str, gpus: str = "8xH100-80GB", **overrides: Any) -> Agent:
+        # The control plane's tests run the process driver (no runtime image needed); the container
+        # driver is tested by the agent's own tests and the isolation suite through the stack.
+        overrides.setdefault("driver", "process")
         settings = AgentSettings(
             server_url=self.url,
             node_token=token,
@@ -229,3 +233,83 @@ async def world(infra, signer, tmp_path) -> AsyncIterator[World]:  # type: ignor
         with suppress(Exception):
             await asyncio.wait_for(serve, 30)
         sock.close()
+
+
+class FakeAgent:
+    """A host's agent speaking the real agent API over HTTP with no runtime behind it: it registers what
+    a test says (driver, tenancy, host key, endpoint), leases the host's tasks and completes them as told.
+    For the control plane's rules about hosts (pins, placement, payloads) without podman or a registry."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.token = token
+        self.client = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        self.host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.leased: list[dict[str, Any]] = []  # leased and not completed yet (a poll leases every pending task)
+        self.heartbeats: asyncio.Task[None] | None = None
+
+    @property
+    def public_host_key(self) -> str:
+        return self.host_key.export_public_key().decode().strip()
+
+    async def register(self, **fields: Any) -> httpx.Response:
+        body = {
+            "agent_version": "fake",
+            "gpus": [{"index": i, "model": "H100-80GB", "memory_mb": 81920} for i in range(8)],
+            "ssh_host": "127.0.0.1",
+            "ssh_port": 2222,
+            "driver": "container",
+            "isolates_tenants": True,
+            "cpu_count": 16,
+            "memory_mb": 65536,
+            "ssh_host_key": self.public_host_key,
+            **fields,
+        }
+        r = await self.client.post("/agent/register", json=body)
+        if r.status_code == 200 and self.heartbeats is None:  # else the host turns unreachable in 3 s
+            self.heartbeats = asyncio.create_task(self._heartbeat())
+        return r
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            with suppress(httpx.HTTPError):
+                await self.client.post("/agent/heartbeat")
+
+    async def tasks(self, wait_s: float = 5) -> list[dict[str, Any]]:
+        r = await self.client.get("/agent/tasks", params={"wait_s": wait_s})
+        assert r.status_code == 200, r.text
+        return list(r.json())
+
+    async def task_for(self, allocation_id: str, kind: str) -> dict[str, Any]:
+        async def leased() -> dict[str, Any] | None:
+            self.leased.extend(await self.tasks(0.5))
+            found = next((t for t in self.leased if t["allocation_id"] == allocation_id and t["kind"] == kind), None)
+            if found is not None:
+                self.leased.remove(found)
+            return found
+
+        return dict(await wait_for(leased, 20, f"{kind} task of {allocation_id}"))
+
+    async def complete(self, task: dict[str, Any], ok: bool = True, message: str = "", **result: Any) -> None:
+        r = await self.client.post(
+            f"/agent/tasks/{task['task_id']}/complete", json={"ok": ok, "message": message, "result": result}
+        )
+        assert r.status_code == 200 and r.json()["applied"], r.text
+
+    async def aclose(self) -> None:
+        if self.heartbeats is not None:
+            self.heartbeats.cancel()
+            with suppress(asyncio.CancelledError):
+                await self.heartbeats
+        await self.client.aclose()
+
+
+async def publish_events(bootstrap: str, *events: Event) -> None:
+    """Events onto their topics through the real broker (what another service's relay would send)."""
+    producer = make_producer(bootstrap, 1_000_000)
+    await producer.start()
+    try:
+        for e in events:
+            await producer.send_and_wait(e.topic, e.model_dump_json().encode(), key=e.key())
+    finally:
+        await producer.stop()

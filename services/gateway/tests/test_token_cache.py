@@ -13,7 +13,7 @@ from joserfc import jwt
 from joserfc.jwk import ECKey
 
 from gpuaas.gateway.tokens import CachedVerifier
-from gpuaas.kit.auth import JWKSCache, TokenVerifier
+from gpuaas.kit.auth import CLOCK_SKEW_LEEWAY_S, JWKSCache, TokenVerifier
 from gpuaas.kit.errors import Unauthorized
 
 ISSUER = "http://gateway.test/api/identity"
@@ -70,7 +70,7 @@ async def test_refusals_are_not_cached(issuer):
 
 async def test_a_cached_token_stops_working_when_it_expires(issuer):
     v = verifier(issuer)
-    token = issuer.token(exp_in=2)
+    token = issuer.token(exp_in=2 - CLOCK_SKEW_LEEWAY_S)  # valid for 2 more seconds, with the leeway
     await v.verify(token)
     await asyncio.sleep(2.1)
     with pytest.raises(Unauthorized):
@@ -108,7 +108,7 @@ async def test_the_cache_is_bounded_least_recently_used_first(issuer):
 
 async def test_through_the_gateway_an_expired_cached_token_is_refused(stack):
     gateway = await stack.gateway()
-    headers = stack.bearer(exp_in=2)
+    headers = stack.bearer(exp_in=2 - CLOCK_SKEW_LEEWAY_S)  # valid for 2 more seconds, with the leeway
     async with httpx.AsyncClient(base_url=gateway) as client:
         before = [await client.get("/api/catalog/echo", headers=headers) for _ in range(3)]
         await asyncio.sleep(2.1)

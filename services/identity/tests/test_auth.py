@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from joserfc import jwt
@@ -49,19 +50,27 @@ async def test_password_refresh_rotation_reuse_and_logout(identity: Identity) ->
         "/auth/token", data={"grant_type": "refresh_token", "refresh_token": second["refresh_token"]}
     )
     assert r.status_code == 401 and r.json()["code"] == "session_revoked"
-    auth = {"Authorization": f"Bearer {second['access_token']}"}
+    # The session's access tokens die with it, at once (the deny list), not at their expiry.
+    for dead in (first, second):
+        r = await identity.client.get("/sessions", headers={"Authorization": f"Bearer {dead['access_token']}"})
+        assert r.status_code == 401 and r.json()["code"] == "session_revoked"
+        assert r.headers["content-type"].startswith("application/problem+json")
+    third = await identity.login(w["project_member_email"])
+    auth = {"Authorization": f"Bearer {third['access_token']}"}
     sessions = (await identity.client.get("/sessions", headers=auth)).json()
     mine = next(s for s in sessions if s["session_id"] == first["session_id"])
     assert mine["revoked"] and mine["revoked_reason"] == "refresh_token_reuse" and mine["user_agent"] == "pytest-ua"
 
-    # Logout with the access token ends that session; its refresh token no longer works.
-    third = await identity.login(w["project_member_email"])
-    r = await identity.client.post("/auth/logout", headers={"Authorization": f"Bearer {third['access_token']}"})
+    # Logout with the access token ends that session: its refresh token and access token no longer work.
+    r = await identity.client.post("/auth/logout", headers=auth)
     assert r.status_code == 204
     r = await identity.client.post(
         "/auth/token", data={"grant_type": "refresh_token", "refresh_token": third["refresh_token"]}
     )
     assert r.status_code == 401 and r.json()["code"] == "session_revoked"
+    assert (await identity.client.get("/me", headers=auth)).status_code == 401
+    third = await identity.login(w["project_member_email"])
+    auth = {"Authorization": f"Bearer {third['access_token']}"}
 
     # Own sessions can be listed and revoked; someone else's is a 404.
     fourth = await identity.login(w["project_member_email"])
@@ -86,9 +95,14 @@ async def test_login_errors_and_lockout(identity: Identity) -> None:
     for _ in range(3):  # lockout_threshold=3 in this module
         r = await identity.client.post("/auth/token", data=bad)
         assert r.status_code == 401 and r.json()["code"] == "invalid_credentials"
-    # Locked: even the right password is refused, inline, with how long to wait.
+    # This source backs off from this account (even with the right password), with how long to wait...
     r = await identity.client.post("/auth/token", data={**bad, "password": PASSWORD})
-    assert r.status_code == 423 and r.json()["code"] == "account_locked" and r.json()["retry_after_s"] > 0
+    assert r.status_code == 429 and r.json()["code"] == "login_backoff" and r.json()["retry_after_s"] > 0
+    assert int(r.headers["retry-after"]) == r.json()["retry_after_s"]
+    # ...but the account is not locked: the right password from another address logs in.
+    other = {"X-Forwarded-For": "203.0.113.9"}  # the test client is a trusted proxy (loopback)
+    r = await identity.client.post("/auth/token", data={**bad, "password": PASSWORD}, headers=other)
+    assert r.status_code == 200, r.text
     # Other accounts are unaffected.
     await identity.login(w["tenant_admin_email"])
     r = await identity.client.post("/auth/token", data={"grant_type": "magic"})
@@ -110,9 +124,12 @@ async def test_disabled_user_cannot_log_in_and_sessions_end(identity: Identity) 
         "/auth/token", data={"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]}
     )
     assert r.json()["code"] == "session_revoked"
-    # The member may not manage users; another tenant's admin does not even see the user.
+    # Its access tokens are refused at once: /me and writes (an SSH key would be next), not at their expiry.
+    auth = {"Authorization": f"Bearer {tokens['access_token']}"}
+    assert (await identity.client.get("/me", headers=auth)).status_code == 401
+    # The member may not manage users (its token is dead anyway); another tenant's admin does not even see the user.
     r = await identity.client.post(f"/users/{w['tenant_admin_id']}/disable", headers=w["project_member"])
-    assert r.status_code in (401, 403, 404)
+    assert r.status_code == 401 and r.json()["code"] in ("session_revoked", "token_revoked")
     other = await identity.tenant()
     r = await identity.client.post(f"/users/{w['project_member_id']}/enable", headers=other["tenant_admin"])
     assert r.status_code == 404
@@ -162,15 +179,22 @@ async def test_service_account_client_credentials_rotation_disable(identity: Ide
     new_secret = r.json()["client_secret"]
     r = await identity.client.post("/auth/token", data=form)
     assert r.status_code == 401 and r.json()["code"] == "invalid_client"
-    assert (await identity.client.post("/auth/token", data={**form, "client_secret": new_secret})).status_code == 200
+    # Tokens issued with the old secret are revoked with it (not left to run out).
+    r = await identity.client.get(f"/projects/{pid}", headers=sa_auth)
+    assert r.status_code == 401 and r.json()["code"] == "token_revoked"
+    await asyncio.sleep(1.0)  # "not before" is compared with iat in whole seconds: a new second
+    fresh = await identity.client.post("/auth/token", data={**form, "client_secret": new_secret})
+    assert fresh.status_code == 200
+    sa_auth = {"Authorization": f"Bearer {fresh.json()['access_token']}"}
+    assert (await identity.client.get(f"/projects/{pid}", headers=sa_auth)).status_code == 200
 
     r = await identity.client.post(f"/service-accounts/{sa['client_id']}/disable", headers=w["tenant_admin"])
     assert r.status_code == 200 and r.json()["disabled"] is True
     r = await identity.client.post("/auth/token", data={**form, "client_secret": new_secret})
     assert r.status_code == 403 and r.json()["code"] == "client_disabled"
-    # Its still-valid token is denied at once: the projection says disabled.
+    # Its still-valid token is denied at once (the deny list, then the projection that says disabled).
     r = await identity.client.get(f"/projects/{pid}", headers=sa_auth)
-    assert r.status_code == 403 and r.json()["code"] == "service_account_disabled"
+    assert r.status_code == 401 and r.json()["code"] == "token_revoked"
     listed = (await identity.client.get(f"/projects/{pid}/service-accounts", headers=w["tenant_admin"])).json()
     assert [s["name"] for s in listed] == ["ctl"] and "client_secret" not in listed[0]
 

@@ -28,14 +28,15 @@ CHALLENGE = create_s256_code_challenge(VERIFIER)
 
 
 async def idp_of(identity: Identity, w: dict[str, Any]) -> str:
-    """An IdP of the tenant (registering one contacts nobody)."""
+    """An IdP of the tenant with a proven domain (registering one contacts nobody)."""
     r = await identity.client.post(
         f"/tenants/{w['tenant_id']}/identity-providers",
         json={
             "name": "ACME",
-            "issuer": "http://idp.invalid",
+            "issuer": "https://idp.invalid",
             "client_id": "gpuaas",
             "domains": [f"{w['slug']}.example"],
+            "domains_verified": True,  # the operator attests (no DNS here: tests/security proves by DNS)
         },
         headers=w["op"],
     )

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
+from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.contracts.events.usage import app_usage_record_id
 from gpuaas.kit.testing import wait_for
 from gpuaas.metering.models import instances
@@ -125,4 +126,32 @@ async def test_bad_input_and_access_are_problems_not_writes(metering, instance, 
     assert r.status_code == 200 and len(r.json()) == 1
     r = await client.get("/usage/app", params={"project_id": str(w["p1"])}, headers=auth(w["other"]))
     assert r.status_code == 404
+    assert await outbox_app_usage(kit, instance) == 1
+
+
+async def test_a_usage_report_may_name_only_a_member_of_its_instance(h, metering, instance, auth) -> None:  # type: ignore[no-untyped-def]
+    """Issue 17: `member_id` was stored unchecked; now it must be a member of the reported instance (as
+    metering's projection of app-runtime's member events knows them)."""
+    client, kit, w = metering
+    sa = auth(w["sa"], kind="service_account", project_id=str(w["p1"]), scope="app-controller")
+    other_instance = h.instance_created(w["t1"], w["p1"], now() - timedelta(days=1))
+    mine, theirs = uuid.uuid4(), uuid.uuid4()
+    for member_id, instance_id in ((mine, instance), (theirs, other_instance.data.instance_id)):
+        state = app_runtime_events.MemberState(
+            member_id=member_id,
+            instance_id=instance_id,
+            tenant_id=w["t1"],
+            project_id=w["p1"],
+            component_key="worker",
+            allocation_id=uuid.uuid4(),
+            status="active",
+            status_changed_at=now(),
+            version=1,
+        )
+        await h.apply(kit, app_runtime_events.MemberAdded.build(data=state, source="app-runtime"))
+    for member_id in (uuid.uuid4(), theirs):
+        r = await client.post("/usage/app", json=body(instance, f"m-{member_id}", member_id=str(member_id)), headers=sa)
+        assert r.status_code == 404 and r.json()["code"] == "member_not_found", r.text
+    r = await client.post("/usage/app", json=body(instance, "m-mine", member_id=str(mine)), headers=sa)
+    assert r.status_code == 201 and r.json()["member_id"] == str(mine), r.text
     assert await outbox_app_usage(kit, instance) == 1

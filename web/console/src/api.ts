@@ -181,6 +181,7 @@ export async function api<T = unknown>(
 export const get = <T = unknown>(path: string, query?: Query) => api<T>("GET", path, { query });
 export const post = <T = unknown>(path: string, json?: unknown) => api<T>("POST", path, { json: json ?? {} });
 export const del = <T = unknown>(path: string) => api<T>("DELETE", path);
+export const put = <T = unknown>(path: string, json?: unknown) => api<T>("PUT", path, { json: json ?? {} });
 
 /** Anonymous GET (discovery). */
 export async function anonymous<T>(path: string, query: Query): Promise<T> {

@@ -15,13 +15,18 @@ const APP_SLUG = env("APP_SLUG", "slurm-reference");
 const GPU_MODEL = env("GPU_MODEL", "");
 const MEMBER = { userId: env("MEMBER_USER_ID"), publicKey: env("MEMBER_PUBLIC_KEY") };
 const BUDGET_NAME = env("BUDGET_NAME");
+// The runtime the first allocation is created from (slug@version, picked in the form) and what its page must
+// then show; empty: the form's default and no runtime checks.
+const RUNTIME = env("RUNTIME", "");
+const RUNTIME_DIGEST = env("RUNTIME_DIGEST", "");
+const EXPECT_DRIVER = env("EXPECT_DRIVER", "");
 
 const b = await openBrowser();
 const { page, step, shot, checkA11y, heading, waitText } = b;
 const TIMEOUT = b.timeout;
 
-/** Create a 1-GPU allocation through the form; its id. */
-async function createAllocation(name, screenshots) {
+/** Create a 1-GPU allocation through the form (on `runtime`, slug@version, when given); its id. */
+async function createAllocation(name, screenshots, runtime = "") {
   await page.goto(`${BASE}/#/allocations`);
   await heading("Allocations");
   await page.getByRole("link", { name: "New allocation" }).click();
@@ -31,6 +36,10 @@ async function createAllocation(name, screenshots) {
   await page.getByLabel("GPUs").fill("1");
   if (GPU_MODEL) await page.getByLabel("GPU model").fill(GPU_MODEL);
   if (HOST_CLASS) await page.getByLabel("Host class").fill(HOST_CLASS);
+  if (runtime) {
+    await page.getByLabel("Runtime image").selectOption(runtime);
+    await waitText("#runtime-digest", /Pinned by digest: sha256:[0-9a-f]{64}/);
+  }
   if (screenshots) await shot("allocation-create");
   await page.getByRole("button", { name: "Create allocation" }).click();
   await heading(name);
@@ -105,7 +114,7 @@ await b.run(result, async () => {
   });
 
   await step("create an allocation", async () => {
-    result.allocation = await createAllocation("browser-e2e", true);
+    result.allocation = await createAllocation("browser-e2e", true, RUNTIME);
   });
 
   await step("timeline reaches active (live)", async () => {
@@ -117,6 +126,19 @@ await b.run(result, async () => {
     await checkA11y("allocation detail");
     await shot("allocation-active");
   });
+
+  if (RUNTIME) {
+    await step("the allocation shows its runtime, digest, driver and limits", async () => {
+      const [slug, version] = RUNTIME.split("@");
+      await waitText("#alloc-runtime", new RegExp(`^${slug} ${version.replace(/\./g, "\\.")}$`));
+      await waitText("#alloc-runtime-digest", new RegExp(`^${RUNTIME_DIGEST || "sha256:[0-9a-f]{64}"}$`));
+      if (EXPECT_DRIVER) await waitText("#alloc-driver", new RegExp(`^${EXPECT_DRIVER}$`));
+      await waitText("#alloc-limits", /^[\d.]+ CPUs, \d+ MB memory, \d+ processes$/);
+      result.runtimeShown = (await page.locator("#alloc-runtime").textContent())?.trim();
+      result.limitsShown = (await page.locator("#alloc-limits").textContent())?.trim();
+      await shot("allocation-runtime");
+    });
+  }
 
   await step("browser terminal runs a command", async () => {
     await page.getByRole("link", { name: "Open terminal" }).click();
@@ -251,6 +273,12 @@ await b.run(result, async () => {
     await page.getByRole("button", { name: "Release" }).click();
     await page.getByRole("button", { name: "Confirm release" }).click();
     await waitText("#alloc-status", /^released$/);
+    if (EXPECT_DRIVER === "container") {
+      // The host agent's release evidence, each check held.
+      await page.locator('#alloc-release-evidence li[data-check="container_removed"][data-ok="true"]').waitFor();
+      const failed = await page.locator('#alloc-release-evidence li[data-ok="false"]').count();
+      if (failed) throw new Error(`${failed} release check(s) failed: ${await page.locator("#alloc-release-evidence").textContent()}`);
+    }
     await shot("allocation-released");
   });
 
@@ -296,6 +324,12 @@ await b.run(result, async () => {
   await step("operator pages", async () => {
     await signIn(ADMIN);
     await visit("/admin/hosts", "Hosts", "operator-hosts");
+    if (EXPECT_DRIVER) {
+      const row = page.locator("table tbody tr").filter({ hasText: HOST_CLASS }).first();
+      await row.locator(`[data-driver="${EXPECT_DRIVER}"]`).waitFor();
+      if (EXPECT_DRIVER === "container") await row.locator('[data-isolates="true"]').waitFor();
+      await page.getByRole("heading", { name: "Host classes" }).waitFor();
+    }
     await visit("/admin/artifacts", "Artifacts and promotions", "operator-artifacts");
     await visit("/admin/entitlements", "Entitlements", "operator-entitlements");
     await visit("/admin/dead-letters", "Dead letters", "operator-dead-letters");

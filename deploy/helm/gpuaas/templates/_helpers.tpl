@@ -100,6 +100,42 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-credentials" (include "gpuaas.fullname" .)) .Values.credentials.existingSecret -}}
 {{- end -}}
 
+{{- define "gpuaas.secretsKeysSecretName" -}}
+{{- default (printf "%s-secrets-keys" (include "gpuaas.fullname" .)) .Values.secretsAtRest.existingSecret -}}
+{{- end -}}
+
+{{/* Per-service keys (issue 17): the secrets-at-rest keyring, the event signing key and the producers' public keys,
+the service's own SASL user when kafka.sasl.perService. Context: dict root, component, prefix. */}}
+{{- define "gpuaas.serviceKeysEnv" -}}
+{{- $v := .root.Values -}}
+- name: GPUAAS_SECRETS_KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gpuaas.secretsKeysSecretName" .root }}
+      key: {{ $v.secretsAtRest.key }}
+- name: {{ .prefix }}EVENT_SIGNING_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "eventSigning.existingSecret is required (identity's events are accepted only signed)" $v.eventSigning.existingSecret }}
+      key: {{ .component }}
+      optional: {{ ne .component "identity" }}
+- name: GPUAAS_EVENT_VERIFY_KEYS
+  value: {{ required "eventSigning.verifyKeys is required (at least identity's public key)" $v.eventSigning.verifyKeys | quote }}
+{{- if and (hasPrefix "SASL_" $v.kafka.securityProtocol) $v.kafka.sasl.perService }}
+- name: GPUAAS_KAFKA_SECURITY_PROTOCOL
+  value: {{ $v.kafka.securityProtocol | quote }}
+- name: GPUAAS_KAFKA_SASL_MECHANISM
+  value: {{ $v.kafka.sasl.mechanism | quote }}
+- name: GPUAAS_KAFKA_SASL_USERNAME
+  value: {{ printf "%s%s" $v.kafka.sasl.usernamePrefix .component | quote }}
+- name: GPUAAS_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "kafka.sasl.existingSecret is required with a SASL_* securityProtocol" $v.kafka.sasl.existingSecret }}
+      key: {{ .component }}
+{{- end }}
+{{- end -}}
+
 {{- define "gpuaas.issuerUrl" -}}
 {{- default (printf "%s/api/identity" (trimSuffix "/" .Values.publicUrl)) .Values.identity.issuerUrl -}}
 {{- end -}}
@@ -124,11 +160,12 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ include "gpuaas.issuerUrl" . | quote }}
 - name: GPUAAS_JWT_AUDIENCE
   value: {{ .Values.identity.jwtAudience | quote }}
-{{- if ne .Values.kafka.securityProtocol "PLAINTEXT" }}
+{{- /* With kafka.sasl.perService, each service's own user comes with gpuaas.serviceKeysEnv (the gateway has none). */}}
+{{- if and (ne .Values.kafka.securityProtocol "PLAINTEXT") (not (and (hasPrefix "SASL_" .Values.kafka.securityProtocol) .Values.kafka.sasl.perService)) }}
 - name: GPUAAS_KAFKA_SECURITY_PROTOCOL
   value: {{ .Values.kafka.securityProtocol | quote }}
 {{- end }}
-{{- if hasPrefix "SASL_" .Values.kafka.securityProtocol }}
+{{- if and (hasPrefix "SASL_" .Values.kafka.securityProtocol) (not .Values.kafka.sasl.perService) }}
 - name: GPUAAS_KAFKA_SASL_MECHANISM
   value: {{ .Values.kafka.sasl.mechanism | quote }}
 - name: GPUAAS_KAFKA_SASL_USERNAME

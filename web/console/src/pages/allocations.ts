@@ -1,6 +1,6 @@
 import { describe, del, get, post, token } from "../api";
 import { canReadBilling, type Context, type Obj } from "../context";
-import { badge, clear, field, h, table, when } from "../dom";
+import { badge, clear, field, h, table, when, type Child } from "../dom";
 import { go, type Cleanup } from "../nav";
 
 const A = "/api/allocations";
@@ -23,12 +23,13 @@ export async function allocationList(main: HTMLElement, _p: string[], ctx: Conte
     clear(
       list,
       table(
-        ["Name", "Status", "GPUs", "Shape", "Host class", "Requested"],
+        ["Name", "Status", "GPUs", "Shape", "Runtime", "Host class", "Requested"],
         rows.map((a) => [
           h("a", { href: `#/allocations/${a.allocation_id}` }, a.name || a.allocation_id),
           [badge(a.status), a.failure_reason ? h("span", { class: "reason" }, ` ${a.failure_reason}`) : null],
           `${a.gpu_count} × ${a.gpu_model}`,
           a.shape,
+          a.runtime ? `${a.runtime.slug} ${a.runtime.version}` : a.driver === "process" ? "process" : "—",
           a.host_class ?? "any",
           when(a.requested_at),
         ]),
@@ -45,15 +46,35 @@ export async function allocationNew(main: HTMLElement, _p: string[], ctx: Contex
   main.append(h("h1", null, "New allocation"));
   if (!needProject(main, ctx)) return;
   const pid = ctx.project!.project_id;
-  const [volumes, keys] = await Promise.all([
+  const [volumes, keys, runtimes] = await Promise.all([
     get<Obj[]>(`${A}/projects/${pid}/volumes`).catch(() => [] as Obj[]),
     get<Obj[]>(`${A}/ssh-keys`).catch(() => [] as Obj[]),
+    runtimeChoices(pid),
   ]);
   const name = h("input", { name: "name", required: true, maxlength: 100, value: "workspace" });
   const shape = h("select", { name: "shape" }, h("option", { value: "gpu_slice" }, "GPU slice (some GPUs of a host)"), h("option", { value: "baremetal" }, "Bare metal (a whole host)"));
   const model = h("input", { name: "gpu_model", required: true, value: "H100-80GB", list: "gpu-models" });
   const count = h("input", { name: "gpu_count", type: "number", min: 1, max: 64, value: 1, required: true });
   const hostClass = h("input", { name: "host_class", maxlength: 64, placeholder: "any" });
+  // Runtime: the host class's default (else the platform's), an active runtime of the catalog, or any
+  // reference the API takes (slug, slug@version, sha256:<digest>) typed in.
+  const runtime = h(
+    "select",
+    { name: "runtime", id: "runtime" },
+    h("option", { value: "" }, "Default (the host class's, else the platform's)"),
+    runtimes.map((r) => h("option", { value: `${r.slug}@${r.version}`, "data-digest": r.digest }, `${r.display_name || r.slug} ${r.version}${r.state === "canary" ? " (canary)" : ""}`)),
+    h("option", { value: OTHER_RUNTIME }, "Other (slug, slug@version or sha256:…)"),
+  );
+  const runtimeRef = h("input", { name: "runtime_ref", maxlength: 200, placeholder: "gpuaas-base@1.0.0 or sha256:…" });
+  const runtimeRefField = field("Runtime reference", runtimeRef);
+  runtimeRefField.hidden = true;
+  const runtimeDigest = h("p", { class: "help", id: "runtime-digest" });
+  const showRuntime = () => {
+    runtimeRefField.hidden = runtime.value !== OTHER_RUNTIME;
+    const digest = runtime.selectedOptions[0]?.dataset.digest;
+    runtimeDigest.textContent = digest ? `Pinned by digest: ${digest}` : "";
+  };
+  runtime.addEventListener("change", showRuntime);
   const volumeBoxes = volumes
     .filter((v) => v.status !== "deleted")
     .map((v) => h("label", { class: "inline" }, h("input", { type: "checkbox", name: "volume", value: v.volume_id }), ` ${v.name} (${v.size_gb} GB, ${v.access_mode})`));
@@ -79,6 +100,8 @@ export async function allocationNew(main: HTMLElement, _p: string[], ctx: Contex
             host_class: hostClass.value || null,
             volume_ids: [...form.querySelectorAll<HTMLInputElement>("input[name=volume]:checked")].map((i) => i.value),
           };
+          const chosen = runtime.value === OTHER_RUNTIME ? runtimeRef.value.trim() : runtime.value;
+          if (chosen) body.runtime = chosen; // left out: the default applies (and older platforms accept the body)
           const a = await post<Obj>(`${A}/projects/${pid}/allocations`, body);
           go(`/allocations/${a.allocation_id}`);
         } catch (ex) {
@@ -95,6 +118,9 @@ export async function allocationNew(main: HTMLElement, _p: string[], ctx: Contex
     h("datalist", { id: "gpu-models" }, ["H100-80GB", "A100-80GB", "L40S"].map((m) => h("option", { value: m }))),
     field("GPUs", count, "Ignored for bare metal: the whole host is yours."),
     field("Host class", hostClass, "Optional: pin a class of hosts."),
+    field("Runtime image", runtime, "The image your allocation's container runs, pinned by digest. Hosts without containers (process driver) run none."),
+    runtimeRefField,
+    runtimeDigest,
     h(
       "fieldset",
       null,
@@ -118,6 +144,42 @@ export async function allocationNew(main: HTMLElement, _p: string[], ctx: Contex
 }
 
 const ACTIVE_ACTIONS = new Set(["active"]);
+const OTHER_RUNTIME = "__other__";
+
+/** Runtime images a new allocation of the project may run (active catalog `runtime` apps, and canaries
+ * offered to its tenant), newest version first per slug, each pinned by digest. */
+async function runtimeChoices(projectId: string): Promise<Obj[]> {
+  return get<Obj[]>(`${A}/runtimes`, { project_id: projectId }).catch(() => [] as Obj[]);
+}
+
+/** What the allocation runs in: its runtime image (pinned by digest), the host's driver, its limits. */
+function isolationFacts(alloc: Obj): Child[] {
+  const rt = alloc.runtime;
+  const lim = alloc.limits;
+  const ev = alloc.release_evidence;
+  return [
+    h("dt", null, "Runtime"),
+    h("dd", { id: "alloc-runtime" }, rt ? `${rt.slug} ${rt.version}` : alloc.driver === "process" ? "none (process driver)" : "—"),
+    h("dt", null, "Image digest"),
+    h("dd", { id: "alloc-runtime-digest" }, rt?.digest ? h("code", { title: rt.image ?? "" }, rt.digest) : "—"),
+    h("dt", null, "Driver"),
+    h("dd", { id: "alloc-driver" }, alloc.driver ?? "—"),
+    h("dt", null, "Limits"),
+    h("dd", { id: "alloc-limits" }, lim ? `${lim.cpus} CPUs, ${lim.memory_mb} MB memory, ${lim.pids} processes` : "—"),
+    ev ? [h("dt", null, "Release checked"), h("dd", { id: "alloc-release-evidence" }, releaseChecks(ev))] : null,
+  ];
+}
+
+/** The host agent's release evidence: each check it made and whether it held. */
+function releaseChecks(ev: Obj): HTMLElement {
+  const checks = Object.entries(ev).filter(([, v]) => typeof v === "boolean");
+  return h(
+    "ul",
+    { class: "checks" },
+    checks.map(([k, v]) => h("li", { "data-check": k, "data-ok": String(v) }, `${v ? "✓" : "✗"} ${k.replace(/_/g, " ")}`)),
+    Array.isArray(ev.checked) && ev.checked.length ? h("li", { class: "muted" }, `checked: ${ev.checked.join(", ")}`) : null,
+  );
+}
 
 export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: Context): Promise<Cleanup> {
   let alloc = await get<Obj>(`${A}/allocations/${id}`);
@@ -161,6 +223,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
         h("dd", { id: "alloc-gpus" }, `${alloc.gpu_count} × ${alloc.gpu_model} (${alloc.shape})`, alloc.target_gpu_count ? ` → ${alloc.target_gpu_count}` : ""),
         h("dt", null, "GPU indices"),
         h("dd", null, (alloc.gpu_indices ?? []).join(", ") || "—"),
+        isolationFacts(alloc),
         h("dt", null, "SSH"),
         h("dd", null, ep ? h("code", null, `ssh -p ${ep.port} ${ep.username}@${ep.host}`) : "not yet"),
         h("dt", null, "Requested"),

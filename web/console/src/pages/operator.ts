@@ -1,4 +1,4 @@
-import { describe, get, post } from "../api";
+import { describe, get, post, put } from "../api";
 import type { Context, Obj } from "../context";
 import { badge, clear, field, h, table, when } from "../dom";
 
@@ -15,16 +15,38 @@ export async function hosts(main: HTMLElement): Promise<void> {
       notice.textContent = `${what} failed: ${describe(ex)}`;
     }
   };
+  // Shared tenancy: a host whose driver does not isolate tenants takes one tenant at a time unless the
+  // operator allows sharing (audited, with the reason).
+  const setTenancy = async (x: Obj) => {
+    const allow = !x.shared_tenancy_allowed;
+    try {
+      await put(`/api/allocations/hosts/${x.host_id}/tenancy`, {
+        shared_tenancy_allowed: allow,
+        reason: allow ? "tenants may share this host (set from the web console)" : "one tenant at a time (set from the web console)",
+      });
+      notice.textContent = `tenancy of ${x.name}: ${allow ? "shared allowed" : "one tenant at a time"}.`;
+      clear(main);
+      await hosts(main);
+    } catch (ex) {
+      notice.textContent = `tenancy change failed: ${describe(ex)}`;
+    }
+  };
+  const tenancy = (x: Obj): string =>
+    x.isolates_tenants ? "isolated (tenants may share)" : x.shared_tenancy_allowed ? "shared allowed by an operator" : "one tenant at a time";
   main.append(
     h("h1", null, "Hosts"),
     notice,
     table(
-      ["Name", "Status", "Class", "GPUs", "Inventory", "Agent", "Last heartbeat", ""],
+      ["Name", "Status", "Class", "GPUs", "Driver", "Tenancy", "CPUs / memory", "Host key", "Inventory", "Agent", "Last heartbeat", ""],
       list.map((x) => [
         x.name,
         [badge(x.status), x.cordon_reason ? ` ${x.cordon_reason}` : ""],
         x.host_class ?? "—",
         `${(x.gpus ?? []).length} × ${(x.gpus ?? [])[0]?.model ?? "—"}`,
+        h("span", { "data-driver": x.driver ?? "" }, x.driver ?? "—"),
+        h("span", { "data-isolates": String(Boolean(x.isolates_tenants)), "data-shared": String(Boolean(x.shared_tenancy_allowed)) }, tenancy(x)),
+        x.cpu_count ? `${x.cpu_count} / ${Math.round((x.memory_mb ?? 0) / 1024)} GiB` : "—",
+        x.ssh_host_key_fingerprint ? h("code", { title: x.ssh_host_key_fingerprint }, `${String(x.ssh_host_key_fingerprint).slice(0, 19)}…`) : "not pinned",
         x.inventory_source,
         x.agent_version ?? "—",
         when(x.last_heartbeat_at),
@@ -35,11 +57,33 @@ export async function hosts(main: HTMLElement): Promise<void> {
             ? h("button", { type: "button", class: "secondary", onclick: () => act(x.host_id, "uncordon") }, "Uncordon")
             : h("button", { type: "button", class: "secondary", onclick: () => act(x.host_id, "cordon") }, "Cordon"),
           h("button", { type: "button", class: "secondary", onclick: () => act(x.host_id, "drain") }, "Drain"),
+          x.isolates_tenants
+            ? null
+            : h("button", { type: "button", class: "secondary", onclick: () => setTenancy(x) }, x.shared_tenancy_allowed ? `Stop sharing ${x.name}` : `Allow sharing ${x.name}`),
         ),
       ]),
       "Enrolled hosts",
     ),
   );
+  await hostClasses(main);
+}
+
+/** Host classes: the default runtime and the per-GPU CPU/memory share and pids limit of allocations. */
+async function hostClasses(main: HTMLElement): Promise<void> {
+  const section = h("section", { "aria-labelledby": "h-host-classes" }, h("h2", { id: "h-host-classes" }, "Host classes"));
+  main.append(section);
+  try {
+    const classes = await get<Obj[]>("/api/allocations/host-classes");
+    section.append(
+      table(
+        ["Class", "Default runtime", "CPUs per GPU", "Memory per GPU", "Pids limit"],
+        classes.map((c) => [c.name, c.default_runtime ?? "platform default", c.cpus_per_gpu ?? "host share", c.memory_mb_per_gpu ? `${c.memory_mb_per_gpu} MB` : "host share", c.pids_limit ?? "—"]),
+        "Host classes",
+      ),
+    );
+  } catch (ex) {
+    section.append(h("p", { class: "muted" }, `Host classes are not available: ${describe(ex)}`));
+  }
 }
 
 export async function artifacts(main: HTMLElement): Promise<void> {

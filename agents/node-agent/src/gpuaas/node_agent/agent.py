@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,10 +26,11 @@ from typing import Any
 import httpx
 
 from gpuaas.node_agent import __version__
+from gpuaas.node_agent.drivers import choose
 from gpuaas.node_agent.gpus import discover
-from gpuaas.node_agent.settings import AgentSettings
+from gpuaas.node_agent.settings import AgentSettings, read_node_token
 from gpuaas.node_agent.sshd import Endpoint
-from gpuaas.node_agent.workspace import Workspaces, kill_all
+from gpuaas.node_agent.workspace import Workspace, Workspaces
 
 log = logging.getLogger("gpuaas.node_agent")
 JOURNAL_KEEP = 2000
@@ -36,6 +38,16 @@ JOURNAL_KEEP = 2000
 
 class TaskFailed(Exception):
     pass
+
+
+def _memory_mb() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
 
 
 async def wait_or_stop(stopping: asyncio.Event, seconds: float) -> bool:
@@ -75,12 +87,17 @@ class Agent:
         self.state_dir = settings.state_dir.absolute()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.workspaces = Workspaces(self.state_dir)
+        self.agent_id = self._agent_id()
+        self.driver = choose(settings, self.workspaces, self.agent_id, self.state_dir)
         self.journal = Journal(self.state_dir / "journal.json")
         self.ca_public_key: str | None = None
-        self.endpoint = Endpoint(self.workspaces, self.state_dir / "ssh_host_ed25519_key", lambda: self.ca_public_key)
+        self.endpoint = Endpoint(
+            self.workspaces, self.driver, self.state_dir / "ssh_host_ed25519_key", lambda: self.ca_public_key
+        )
+        self.reconciled: dict[str, Any] = {}
         self.client = httpx.AsyncClient(
             base_url=settings.server_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {settings.node_token.get_secret_value()}"},
+            headers={"Authorization": f"Bearer {read_node_token(settings)}"},
             timeout=httpx.Timeout(10.0, read=settings.long_poll_s + 15),
         )
         self.host_id: str | None = None
@@ -89,6 +106,16 @@ class Agent:
         self.failures = self._parse_failures(settings.inject_failures)
         self.stopping = asyncio.Event()
         self.registered = asyncio.Event()
+
+    def _agent_id(self) -> str:
+        """A stable id of this agent (its state dir): the label of its containers, the kind of its CDI spec."""
+        path = self.state_dir / "agent_id"
+        try:
+            return path.read_text().strip()
+        except OSError:
+            value = uuid.uuid4().hex[:12]
+            path.write_text(value)
+            return value
 
     @staticmethod
     def _parse_failures(spec: str) -> dict[str, int]:
@@ -106,6 +133,7 @@ class Agent:
         (self.state_dir / "ssh_port").write_text(str(self.ssh_port))
         log.info("ssh endpoint on %s:%s, host key %s", self.s.ssh_bind, self.ssh_port, self.endpoint.host_public_key)
         try:
+            await self.reconcile()
             await self.register()
             beats = asyncio.create_task(self._heartbeats())
             try:
@@ -123,14 +151,32 @@ class Agent:
         except (OSError, ValueError):
             return 0
 
+    async def reconcile(self) -> None:
+        """Before taking tasks: remove what this agent runs but does not know, bring back what it should run.
+        The report is logged and sent with the registration (`reconciled`)."""
+        gpus, source = await asyncio.to_thread(discover, self.s.nvidia_smi, self.s.gpus, self.s.prefer_nvidia_smi)
+        self.driver.set_inventory(gpus, source)
+        try:
+            self.reconciled = await self.driver.reconcile()
+        except Exception as exc:  # the agent still registers; the failure is in the report
+            self.reconciled = {"driver": self.driver.name, "error": str(exc)}
+        log.info("reconciled (%s driver): %s", self.driver.name, json.dumps(self.reconciled))
+
     async def register(self) -> None:
         gpus, source = await asyncio.to_thread(discover, self.s.nvidia_smi, self.s.gpus, self.s.prefer_nvidia_smi)
+        self.driver.set_inventory(gpus, source)
         body = {
             "agent_version": __version__,
             "gpus": [g.model_dump(mode="json") for g in gpus],
             "inventory_source": source,
             "ssh_host": self.s.ssh_advertise_host or self.s.ssh_bind,
             "ssh_port": self.ssh_port,
+            "driver": self.driver.name,
+            "isolates_tenants": self.driver.isolates_tenants,
+            "cpu_count": os.cpu_count() or 1,
+            "memory_mb": _memory_mb(),
+            "ssh_host_key": self.endpoint.host_public_key,
+            "reconciled": self.reconciled,
         }
         delay = 0.5
         while not self.stopping.is_set():
@@ -188,7 +234,7 @@ class Agent:
                     "message": f"{task['kind']} done in {time.monotonic() - started:.2f}s",
                     "result": result,
                 }
-            except Exception as exc:
+            except Exception as exc:  # TaskFailed, DriverError, OSError...: the reason goes to the control plane
                 outcome = {"ok": False, "message": str(exc) or exc.__class__.__name__, "result": {}}
             self.journal.put(task_id, outcome)
         await self._report(task_id, outcome)
@@ -241,16 +287,23 @@ class Agent:
         self._maybe_fail(kind)
         return await handler(task, p) or {}
 
+    def _workspace(self, p: dict[str, Any]) -> Workspace:
+        ws = self.workspaces.get(p["allocation_id"])
+        if not ws.root.exists():
+            raise TaskFailed("the allocation's workspace is missing on this host")
+        return ws
+
     async def _do_provision(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         t0 = datetime.now(UTC)
         ws = self.workspaces.provision(p)
         await self.step(
-            task,
-            "workspace",
-            f"account {p['username']} and workspace ready; CUDA_VISIBLE_DEVICES={ws.env()['CUDA_VISIBLE_DEVICES']}",
-            started_at=t0,
+            task, "workspace", f"workspace ready; CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}", started_at=t0
         )
         await self.step(task, "keys", f"{len(p.get('authorized_keys', []))} authorized key(s) installed")
+        t1 = datetime.now(UTC)
+        message = await self.driver.provision(ws)
+        await asyncio.to_thread(self.workspaces.write_marker, ws)
+        await self.step(task, "runtime", message, started_at=t1)
         if p.get("volumes"):
             await self.step(task, "volumes", f"{len(p['volumes'])} volume(s) mounted")
         self.workspaces.activate(ws)
@@ -258,40 +311,38 @@ class Agent:
             "ssh_host": self.s.ssh_advertise_host or self.s.ssh_bind,
             "ssh_port": self.ssh_port,
             "username": p["username"],
+            "driver": self.driver.name,
         }
 
-    async def _interrupt(self, allocation_id: str, username: str) -> int:
-        """Close the account's SSH sessions and kill every process of the allocation; the sessions closed."""
-        sessions = self.endpoint.disconnect(username)
-        survivors = await asyncio.to_thread(kill_all, allocation_id)
-        if survivors:
-            raise TaskFailed(f"processes {survivors} of the allocation survived SIGKILL")
-        return sessions
+    def _update(self, ws: Workspace, p: dict[str, Any]) -> None:
+        """Take what a restart/resize payload carries (GPUs, limits, runtime) into the allocation's meta."""
+        values = {k: p[k] for k in ("gpu_indices", "limits", "runtime") if k in p}
+        if values:
+            ws.write_meta(**values)
 
     async def _do_restart(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-        ws = self.workspaces.get(p["allocation_id"])
-        if not ws.root.exists():
-            raise TaskFailed("the allocation's workspace is missing on this host")
+        ws = self._workspace(p)
         ws.write_meta(status="restarting")
-        sessions = await self._interrupt(p["allocation_id"], p["username"])
-        await self.step(task, "interrupt", f"{sessions} SSH session(s) closed, every process stopped")
+        sessions = self.endpoint.disconnect(p["username"])
         self.workspaces.write_keys(ws, p.get("authorized_keys", []))
-        self.workspaces.set_gpus(ws, p.get("gpu_indices", []))
+        self._update(ws, p)
         for v in p.get("volumes", []):
-            self.workspaces.mount(ws, v["volume_id"], v["mount_path"])
+            self.workspaces.add_volume(ws, v["volume_id"], v["mount_path"])
+        message = await self.driver.restart(ws)
+        await self.step(task, "interrupt", f"{sessions} SSH session(s) closed")
         self.workspaces.activate(ws)
-        await self.step(task, "start", "workspace, keys and volumes re-applied")
+        await self.step(task, "start", message)
         return {}
 
     async def _do_resize(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-        ws = self.workspaces.get(p["allocation_id"])
-        if not ws.root.exists():
-            raise TaskFailed("the allocation's workspace is missing on this host")
-        self.workspaces.set_gpus(ws, p["gpu_indices"])
-        await self.step(
-            task, "gpus", "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, p["gpu_indices"])) + " for new sessions"
-        )
-        return {"gpu_indices": p["gpu_indices"]}
+        ws = self._workspace(p)
+        self._update(ws, p)
+        if self.driver.isolates_tenants:
+            self.endpoint.disconnect(ws.username)  # the container is recreated with the new devices
+        message = await self.driver.apply(ws, [])
+        await asyncio.to_thread(self.workspaces.write_marker, ws)
+        await self.step(task, "gpus", f"CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}; {message}")
+        return {"gpu_indices": ws.gpu_indices}
 
     async def _do_sync_ssh_keys(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         ws = self.workspaces.get(p["allocation_id"])
@@ -301,39 +352,38 @@ class Agent:
         return {"keys": len(p.get("authorized_keys", []))}
 
     async def _do_attach_volume(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-        link = self.workspaces.mount(self.workspaces.get(p["allocation_id"]), p["volume_id"], p["mount_path"])
-        return {"mounted_at": str(link)}
+        ws = self._workspace(p)
+        self.workspaces.add_volume(ws, p["volume_id"], p["mount_path"])
+        if self.driver.isolates_tenants:
+            self.endpoint.disconnect(ws.username)  # a bind mount needs a new container
+        message = await self.driver.apply(ws, [])
+        return {"mounted_at": p["mount_path"], "message": message}
 
     async def _do_detach_volume(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-        self.workspaces.unmount(
-            self.workspaces.get(p["allocation_id"]),
-            p["volume_id"],
-            p["mount_path"],
-            delete_data=bool(p.get("delete_data")),
-        )
+        ws = self.workspaces.get(p["allocation_id"])
+        self.workspaces.drop_volume(ws, p["volume_id"], delete_data=bool(p.get("delete_data")))
+        if ws.root.exists():
+            if self.driver.isolates_tenants:
+                self.endpoint.disconnect(ws.username)
+            await self.driver.apply(ws, [p["mount_path"]])
         return {}
 
     async def _do_release(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         ws = self.workspaces.get(p["allocation_id"])
         if ws.root.exists():
             ws.write_meta(status="releasing")  # no new logins from here on
-        sessions = await self._interrupt(p["allocation_id"], p["username"])
-        await self.step(task, "processes", f"{sessions} SSH session(s) closed; no process of the allocation left")
+        sessions = self.endpoint.disconnect(p["username"])
+        await self.step(task, "processes", f"{sessions} SSH session(s) closed")
+        evidence = await self.driver.release(ws)
         deleted = 0
         for v in p.get("volumes", []):
-            if ws.root.exists():
-                self.workspaces.unmount(ws, v["volume_id"], f"/volumes/{v['volume_id']}", delete_data=False)
             if v.get("delete_data"):
-                self.workspaces.unmount(ws, v["volume_id"], "/", delete_data=True)
+                self.workspaces.drop_volume(ws, v["volume_id"], delete_data=True)
                 deleted += 1
-        if ws.root.exists():
-            await asyncio.to_thread(self.workspaces.remove, ws)
-        if ws.root.exists() or (await asyncio.to_thread(kill_all, p["allocation_id"], 1.0)):
-            raise TaskFailed("verification failed: the workspace or a process of the allocation is still there")
         await self.step(
             task,
             "verify",
-            f"keys, workspace and scratch removed; {deleted} non-persistent volume(s) "
-            "deleted; verified nothing is left",
+            f"{self.driver.name}: removed and verified ({len(evidence.get('checked', []))} checks); "
+            f"{deleted} non-persistent volume(s) deleted",
         )
-        return {"verified": True}
+        return {"verified": True, "evidence": evidence}

@@ -2,9 +2,10 @@
 
 The user name is the allocation's account. Public keys are checked against the allocation's
 `authorized_keys`, read at every login (a revoked grant is refused at once), plus the platform CA
-(`cert-authority`) whose short-lived certificates the browser terminal uses. Sessions run in the
-allocation's workspace with its environment (CUDA_VISIBLE_DEVICES, HOME, the allocation marker);
-with a pty when asked (pty.openpty + TIOCSWINSZ + a new session + TIOCSCTTY).
+(`cert-authority`) whose short-lived certificates the browser terminal uses. What a session runs is
+the runtime driver's: `podman exec -i [-t] --user <username> ... <container> sh` (container driver)
+or a shell in the workspace joined to the allocation's cgroup (process driver); with a pty when
+asked (pty.openpty + TIOCSWINSZ + a new session + TIOCSCTTY; podman exec -t attaches to it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import fcntl
 import os
 import pty
-import shutil
+import signal
 import struct
 import subprocess
 import termios
@@ -24,14 +25,26 @@ from typing import Any
 
 import asyncssh
 
-from gpuaas.node_agent.workspace import Workspace, Workspaces
+from gpuaas.node_agent.drivers import Driver, SessionCommand
+from gpuaas.node_agent.workspace import Workspaces
 
-SHELL = shutil.which("bash") or "/bin/sh"
+
+def _join_cgroup(procs: Path | None) -> None:
+    """In the child before exec: move into the allocation's cgroup ("0" is the writing process)."""
+    if procs is not None:
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
 
 
 class Endpoint:
-    def __init__(self, workspaces: Workspaces, host_key_path: Path, ca_key: Callable[[], str | None]) -> None:
+    def __init__(
+        self, workspaces: Workspaces, driver: Driver, host_key_path: Path, ca_key: Callable[[], str | None]
+    ) -> None:
         self.workspaces = workspaces
+        self.driver = driver
         self.host_key_path = host_key_path
         self.ca_key = ca_key
         self.connections: dict[str, set[asyncssh.SSHServerConnection]] = {}
@@ -112,27 +125,25 @@ class Endpoint:
             process.exit(1)
             return
         try:
-            rc = await (self._run_pty(process, ws) if process.get_terminal_type() else self._run_pipes(process, ws))
+            term = process.get_terminal_type()
+            cmd = self.driver.session(ws, process.command, term)
+            rc = await (self._run_pty(process, cmd) if term else self._run_pipes(process, cmd))
         except Exception as exc:  # report to the client rather than dropping the channel
             process.stderr.write(f"session failed: {exc}\n".encode())
             rc = 255
         with contextlib.suppress(Exception):
             process.exit(rc)
 
-    def _argv(self, process: asyncssh.SSHServerProcess) -> list[str]:
-        return (
-            [SHELL, "-c", process.command] if process.command else [SHELL, "-i"] if SHELL.endswith("bash") else [SHELL]
-        )
-
-    async def _run_pipes(self, process: asyncssh.SSHServerProcess, ws: Workspace) -> int:
+    async def _run_pipes(self, process: asyncssh.SSHServerProcess, cmd: SessionCommand) -> int:
         proc = await asyncio.create_subprocess_exec(
-            *self._argv(process),
+            *cmd.argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=ws.home,
-            env=ws.env(),
+            cwd=cmd.cwd,
+            env=cmd.env,
             start_new_session=True,
+            preexec_fn=lambda: _join_cgroup(cmd.cgroup_procs),
         )
 
         async def copy(reader: asyncio.StreamReader, writer: Any) -> None:
@@ -166,22 +177,22 @@ class Endpoint:
         feeder.cancel()
         return rc if rc >= 0 else 128 - rc
 
-    async def _run_pty(self, process: asyncssh.SSHServerProcess, ws: Workspace) -> int:
+    async def _run_pty(self, process: asyncssh.SSHServerProcess, cmd: SessionCommand) -> int:
         master, slave = pty.openpty()
         cols, rows = process.get_terminal_size()[:2]
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows or 24, cols or 80, 0, 0))
-        env = {**ws.env(), "TERM": process.get_terminal_type() or "xterm"}
 
         def controlling_tty() -> None:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            _join_cgroup(cmd.cgroup_procs)
 
         proc = subprocess.Popen(  # noqa: ASYNC220 - a pty child needs preexec_fn (TIOCSCTTY)
-            self._argv(process),
+            cmd.argv,
             stdin=slave,
             stdout=slave,
             stderr=slave,
-            cwd=ws.home,
-            env=env,
+            cwd=cmd.cwd,
+            env=cmd.env,
             start_new_session=True,
             preexec_fn=controlling_tty,
             close_fds=True,
@@ -220,6 +231,11 @@ class Endpoint:
                     break
                 with contextlib.suppress(OSError):
                     os.write(master, data)
+            # The channel closed (the client left, or the platform closed a revoked terminal): hang up the
+            # session like sshd does. Otherwise the shell lives on and proc.wait holds a worker thread for
+            # good; a few such sessions exhaust the default executor and every later login hangs.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGHUP)
 
         out_task = asyncio.create_task(out())
         feeder = asyncio.create_task(feed())

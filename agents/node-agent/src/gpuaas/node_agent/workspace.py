@@ -1,27 +1,26 @@
-"""Per-allocation workspaces on the host (the unprivileged form of a Unix account).
+"""Per-allocation state on the host, shared by both runtime drivers.
 
-    <state>/allocations/<allocation_id>/meta.json        username, GPUs, status
-    <state>/allocations/<allocation_id>/authorized_keys  the owner's and the grantees' keys
-    <state>/allocations/<allocation_id>/home/            $HOME of every session (scratch lives here)
-    <state>/volumes/<volume_id>/                         a volume's data; mounted as a symlink in home
+    <state>/allocations/<allocation_id>/meta.json        username, GPUs, volumes, runtime, limits, status
+    <state>/allocations/<allocation_id>/authorized_keys  the owner's and the grantees' keys (the agent's
+                                                         SSH endpoint reads them; never inside the allocation)
+    <state>/allocations/<allocation_id>/home/            $HOME of every session (the container driver
+                                                         bind-mounts it at /home/<username>)
+    <state>/volumes/<volume_id>/                         a volume's data
 
-Every process started for an allocation carries `GPUAAS_ALLOCATION_ID` in its environment, so
-`kill_all` finds them even when they daemonise out of their session, and release can verify that
-none is left. Every operation is idempotent: a task delivered twice leaves the same state.
+`<state>/allocations/<id>` is 0700 and owned by the agent: only `home/` and the volume directories
+are the allocation's, and every write there goes through `safefs` (no symlink is followed). Every
+operation is idempotent: a task delivered twice leaves the same state.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ENV_MARK = "GPUAAS_ALLOCATION_ID"
+from gpuaas.node_agent import safefs
 
 
 @dataclass
@@ -55,8 +54,20 @@ class Workspace:
         return str(self.meta.get("username", ""))
 
     @property
+    def status(self) -> str:
+        return str(self.meta.get("status", ""))
+
+    @property
     def active(self) -> bool:
-        return self.meta.get("status") == "active"
+        return self.status == "active"
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        return [int(i) for i in self.meta.get("gpu_indices", [])]
+
+    @property
+    def volumes(self) -> list[dict[str, str]]:
+        return list(self.meta.get("volumes", []))
 
     def authorized_keys(self) -> str:
         try:
@@ -64,97 +75,19 @@ class Workspace:
         except OSError:
             return ""
 
-    def env(self) -> dict[str, str]:
-        meta = self.meta
-        return {
-            "HOME": str(self.home),
-            "USER": self.username,
-            "LOGNAME": self.username,
-            "SHELL": "/bin/bash",
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in meta.get("gpu_indices", [])),
-            ENV_MARK: self.allocation_id,
-        }
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(i) for i in self.gpu_indices)
 
 
-class Workspaces:
-    def __init__(self, state_dir: Path) -> None:
-        self.root = state_dir / "allocations"
-        self.volumes_root = state_dir / "volumes"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.volumes_root.mkdir(parents=True, exist_ok=True)
-
-    def get(self, allocation_id: str) -> Workspace:
-        return Workspace(allocation_id, self.root / allocation_id)
-
-    def by_username(self, username: str) -> Workspace | None:
-        for d in self.root.iterdir() if self.root.exists() else []:
-            ws = Workspace(d.name, d)
-            if ws.username == username:
-                return ws
-        return None
-
-    # --------------------------------------------------------------------------------------- steps
-
-    def provision(self, p: dict[str, Any]) -> Workspace:
-        ws = self.get(p["allocation_id"])
-        ws.home.mkdir(parents=True, exist_ok=True)
-        os.chmod(ws.root, 0o700)
-        ws.write_meta(username=p["username"], gpu_indices=p.get("gpu_indices", []), status="provisioning")
-        self.write_keys(ws, p.get("authorized_keys", []))
-        for v in p.get("volumes", []):
-            self.mount(ws, v["volume_id"], v["mount_path"])
-        (ws.home / ".gpuaas").write_text(
-            f"allocation {ws.allocation_id}\nCUDA_VISIBLE_DEVICES={ws.env()['CUDA_VISIBLE_DEVICES']}\n"
-        )
-        return ws
-
-    def activate(self, ws: Workspace) -> None:
-        ws.write_meta(status="active")
-
-    def write_keys(self, ws: Workspace, keys: list[str]) -> None:
-        tmp = ws.root / ".authorized_keys.tmp"
-        tmp.write_text("".join(k.strip() + "\n" for k in keys))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, ws.keys_path)
-
-    def mount(self, ws: Workspace, volume_id: str, mount_path: str) -> Path:
-        data = self.volumes_root / volume_id
-        data.mkdir(parents=True, exist_ok=True)
-        link = ws.home / mount_path.lstrip("/")
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() and os.readlink(link) != str(data):
-            link.unlink()
-        if not link.is_symlink():
-            link.symlink_to(data, target_is_directory=True)
-        return link
-
-    def unmount(self, ws: Workspace, volume_id: str, mount_path: str, *, delete_data: bool) -> None:
-        link = ws.home / mount_path.lstrip("/")
-        if link.is_symlink():
-            link.unlink()
-        if delete_data:
-            shutil.rmtree(self.volumes_root / volume_id, ignore_errors=True)
-
-    def set_gpus(self, ws: Workspace, indices: list[int]) -> None:
-        ws.write_meta(gpu_indices=indices)
-
-    def remove(self, ws: Workspace) -> None:
-        ws.write_meta(status="releasing")
-        for link in ws.home.rglob("*") if ws.home.exists() else []:
-            if link.is_symlink():
-                link.unlink()  # never follow a volume mount into its data
-        shutil.rmtree(ws.root, ignore_errors=False)
+ENV_MARK = "GPUAAS_ALLOCATION_ID"  # set in process-driver sessions; informative only (the user can drop it)
 
 
 def processes_of(allocation_id: str) -> list[int]:
-    """Pids whose environment marks them as the allocation's (readable for our own processes)."""
+    """Pids whose environment carries the allocation's mark (process driver; never used as proof of release)."""
     mark = f"{ENV_MARK}={allocation_id}".encode()
     pids = []
-    me = os.getpid()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
+        if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
@@ -165,26 +98,82 @@ def processes_of(allocation_id: str) -> list[int]:
     return pids
 
 
-def kill_all(allocation_id: str, timeout_s: float = 5.0) -> list[int]:
-    """SIGKILL every process of the allocation, then verify none is left; returns survivors."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pids = [p for p in processes_of(allocation_id) if not _zombie(p)]
-        if not pids:
-            return []
-        if time.monotonic() > deadline:
-            return pids
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
+class Workspaces:
+    def __init__(self, state_dir: Path) -> None:
+        self.root = state_dir / "allocations"
+        self.volumes_root = state_dir / "volumes"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.volumes_root.mkdir(parents=True, exist_ok=True)
+        os.chmod(state_dir, 0o700)  # the token, host key and journal live here
 
+    def get(self, allocation_id: str) -> Workspace:
+        return Workspace(allocation_id, self.root / allocation_id)
 
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+    def all(self) -> list[Workspace]:
+        return [Workspace(d.name, d) for d in sorted(self.root.iterdir()) if d.is_dir() and not d.is_symlink()]
+
+    def by_username(self, username: str) -> Workspace | None:
+        for ws in self.all():
+            if ws.username == username:
+                return ws
+        return None
+
+    def volume_dir(self, volume_id: str) -> Path:
+        safefs._parts(volume_id)  # an id, never a path
+        path = self.volumes_root / volume_id
+        if not path.is_symlink():
+            path.mkdir(exist_ok=True)
+        return path
+
+    # --------------------------------------------------------------------------------------- steps
+
+    def provision(self, p: dict[str, Any]) -> Workspace:
+        ws = self.get(p["allocation_id"])
+        ws.root.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(ws.root, 0o700)
+        if not ws.home.is_symlink():
+            ws.home.mkdir(exist_ok=True)
+        ws.write_meta(
+            username=p["username"],
+            gpu_indices=p.get("gpu_indices", []),
+            volumes=[{"volume_id": v["volume_id"], "mount_path": v["mount_path"]} for v in p.get("volumes", [])],
+            runtime=p.get("runtime"),
+            limits=p.get("limits"),
+            status=ws.status if ws.status == "active" else "provisioning",
+        )
+        self.write_keys(ws, p.get("authorized_keys", []))
+        for v in p.get("volumes", []):
+            self.volume_dir(v["volume_id"])
+        return ws
+
+    def write_marker(self, ws: Workspace) -> None:
+        """~/.gpuaas: what the allocation is (written without following a link the user may have put there)."""
+        text = f"allocation {ws.allocation_id}\nCUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}\n"
+        safefs.write_file(ws.home, ".gpuaas", text.encode())
+
+    def activate(self, ws: Workspace) -> None:
+        ws.write_meta(status="active")
+
+    def write_keys(self, ws: Workspace, keys: list[str]) -> None:
+        tmp = ws.root / ".authorized_keys.tmp"
+        tmp.write_text("".join(k.strip() + "\n" for k in keys))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, ws.keys_path)
+
+    def add_volume(self, ws: Workspace, volume_id: str, mount_path: str) -> None:
+        self.volume_dir(volume_id)
+        volumes = [v for v in ws.volumes if v["volume_id"] != volume_id]
+        ws.write_meta(volumes=[*volumes, {"volume_id": volume_id, "mount_path": mount_path}])
+
+    def drop_volume(self, ws: Workspace, volume_id: str, *, delete_data: bool) -> None:
+        if ws.root.exists():
+            ws.write_meta(volumes=[v for v in ws.volumes if v["volume_id"] != volume_id])
+        if delete_data:
+            safefs.rmtree(self.volumes_root / volume_id)
+
+    def set_gpus(self, ws: Workspace, indices: list[int]) -> None:
+        ws.write_meta(gpu_indices=indices)
+
+    def remove(self, ws: Workspace) -> None:
+        """Remove the allocation's state; links in its home are unlinked, never followed."""
+        safefs.rmtree(ws.root)

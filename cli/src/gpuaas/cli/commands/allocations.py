@@ -1,5 +1,6 @@
-"""`gpuaas alloc`: create, list, show, ssh, restart, resize, release, retry-release; `--wait` follows the
-allocation's timeline (a live table on a terminal) until the change settles."""
+"""`gpuaas alloc`: create (`--runtime` picks the runtime image), list, show (runtime, driver, limits), runtimes,
+ssh, restart, resize, release, retry-release; `--wait` follows the allocation's timeline (a live table on a
+terminal) until the change settles."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rich.table import Table
 from gpuaas.cli.context import State, call, client, new_key, project_id, run, state_of
 from gpuaas.cli.output import emit, err, out, plain, table
 from gpuaas.sdk import Client
-from gpuaas.sdk.models import Allocation, AllocationStatus, AllocationTimelineEntry
+from gpuaas.sdk.models import Allocation, AllocationStatus, AllocationTimelineEntry, RuntimeOption
 
 app = typer.Typer(help="Allocations: create, list, show, ssh, restart, resize, release.", no_args_is_help=True)
 
@@ -59,6 +60,27 @@ def allocation_rows(items: list[Allocation]) -> Table:
             ]
             for a in items
         ],
+    )
+
+
+def runtime_line(a: Allocation) -> str:
+    """`slug version (digest)`, or why there is none: the process driver runs no image."""
+    if a.runtime is None:
+        return "none (process driver)" if a.driver == "process" else "-"
+    return f"{a.runtime.slug} {a.runtime.version} ({a.runtime.digest})"
+
+
+def limits_line(a: Allocation) -> str:
+    lim = a.limits
+    return f"{lim.cpus:g} CPUs, {lim.memory_mb} MB memory, {lim.pids} pids" if lim else "-"
+
+
+def isolation_rows(a: Allocation) -> Table:
+    """What the allocation runs in: the runtime image, the host's driver and the limits."""
+    return table(
+        "Isolation",
+        ["runtime", "driver", "limits"],
+        [[runtime_line(a), a.driver or "-", limits_line(a)]],
     )
 
 
@@ -119,6 +141,13 @@ def create(
     shape: Annotated[str, typer.Option(help="gpu_slice or baremetal")] = "gpu_slice",
     host_class: Annotated[str | None, typer.Option(help="Pin a host class")] = None,
     volume: Annotated[list[str] | None, typer.Option(help="Volume id to attach (repeatable)")] = None,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            help="Runtime image: slug (newest active version), slug@version or sha256:<digest>; "
+            "default: the host class's, else the platform's (see `alloc runtimes`)"
+        ),
+    ] = None,
     wait: Wait = False,
     timeout: Timeout = 300,
 ) -> None:
@@ -135,6 +164,7 @@ def create(
                 gpu_count=None if shape == "baremetal" else gpus,
                 host_class=host_class,
                 volume_ids=volume or [],
+                runtime=runtime,
                 idempotency_key=new_key(),
             )
             if wait:
@@ -169,6 +199,7 @@ def show(ctx: typer.Context, allocation_id: str) -> None:
 
     def render(d: AllocationDetail) -> None:
         out.print(allocation_rows([d.allocation]))
+        out.print(isolation_rows(d.allocation))
         if d.allocation.after_release:
             out.print(f"After release: {d.allocation.after_release}")
         out.print(
@@ -180,6 +211,27 @@ def show(ctx: typer.Context, allocation_id: str) -> None:
         )
 
     emit(st, run(call(st, go)), render)
+
+
+@app.command("runtimes")
+def runtimes(ctx: typer.Context) -> None:
+    """Runtime images an allocation can be created from (`alloc create --runtime slug[@version]`)."""
+    st = state_of(ctx)
+
+    async def go() -> list[RuntimeOption]:
+        async with client(st) as c:
+            return await c.runtimes(await project_id(st, c))
+
+    def render(items: list[RuntimeOption]) -> None:
+        out.print(
+            table(
+                "Runtimes",
+                ["slug", "version", "name", "digest", "state"],
+                [[r.slug, r.version, r.display_name, r.digest, r.state] for r in items],
+            )
+        )
+
+    emit(st, run(go()), render)
 
 
 @app.command("ssh")

@@ -58,7 +58,7 @@ async def _sso_login(
         url = sso_flow.start_url(
             idp["sso_start_url"], email=email, return_to=listener.redirect_uri, code_verifier=listener.code_verifier
         )
-        err.print(f"Work account of {(found.tenant or {})['name']}: sign in with {idp['name']} in your browser:")
+        err.print(f"Work account: sign in with {idp.get('name') or 'your identity provider'} in your browser:")
         err.print(f"  {url}", highlight=False, soft_wrap=True)
         err.print("Waiting for the sign-in to finish…")
         if open_browser:

@@ -87,6 +87,13 @@ def banner(stack: Stack, elapsed_s: float | None = None) -> str:
         f"  Logs       {_rel(st['logs'])}/<name>.log",
         f"  State      {_rel(stack.state_path)}   (URLs, pids, logins for scripts and tests)",
     ]
+    registry = st.get("registry")
+    if registry:
+        images = ", ".join(f"{slug} {i['version']}" for slug, i in registry["images"].items())
+        lines.append(
+            f"  Registry   {registry['address']}  (OCI, plain HTTP; runtime images {images or 'missing: see the log'};"
+            f" agents use the {registry['agent_driver']} driver)"
+        )
     gpus = dict(stack.config.agents)
     if st.get("agents"):
         lines.append(

@@ -4,7 +4,10 @@ After the services are ready, each configured agent's host is enrolled through t
 as the bootstrap operator (the node token is kept in secrets.json and reused; a token the database
 no longer knows is rotated through `POST /hosts/{id}/node-token`), then `python -m gpuaas.node_agent`
 runs with its own state dir (<root>/agents/<name>) and log (<root>/logs/agent-<name>.log).
-The agents run unprivileged: per-allocation workspaces and an asyncssh endpoint on a loopback port.
+Each agent reads its node token from a root-only file (<root>/agents/<name>.node-token, mode 0600),
+never from its environment (which an allocation's session could read). With the container driver
+(`extra_env`, from runtimes.LocalRuntimes.agent_env) allocations run in podman containers from the
+catalog's runtime images; with the process driver they are per-allocation workspaces on the host.
 """
 
 from __future__ import annotations
@@ -27,6 +30,23 @@ log = logging.getLogger("gpuaas.devstack")
 ENROL_TIMEOUT_S = 90.0
 
 
+def write_token_file(path: Path, token: str) -> Path:
+    """The node token in a file only its owner can read (created 0600, never world-readable meanwhile)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, token.encode())
+    finally:
+        os.close(fd)
+    return path
+
+
+def agent_base_env() -> dict[str, str]:
+    """The runner's environment less any node token it carries (an agent gets only its own, from a file)."""
+    return {k: v for k, v in os.environ.items() if k not in ("GPUAAS_AGENT_NODE_TOKEN", "GPUAAS_AGENT_NODE_TOKEN_FILE")}
+
+
 class LocalAgents:
     def __init__(
         self,
@@ -37,6 +57,7 @@ class LocalAgents:
         python: str,
         credentials: Credentials,
         service_url: Callable[[str], str],
+        extra_env: Callable[[], dict[str, str]] = dict,
     ) -> None:
         self.configured = list(configured)  # (name, declared GPUs)
         self.root = root
@@ -45,6 +66,7 @@ class LocalAgents:
         self.python = python
         self.credentials = credentials
         self.service_url = service_url
+        self.extra_env = extra_env  # e.g. the runtime driver, read at each (re)start
         self.procs: dict[str, subprocess.Popen] = {}
         self.wanted: set[str] = set()
 
@@ -103,13 +125,14 @@ class LocalAgents:
         state = self.root / "agents" / name
         state.mkdir(parents=True, exist_ok=True)
         env = {
-            **os.environ,
+            **agent_base_env(),
             "GPUAAS_AGENT_SERVER_URL": self.service_url("allocations"),
-            "GPUAAS_AGENT_NODE_TOKEN": token,
+            "GPUAAS_AGENT_NODE_TOKEN_FILE": str(write_token_file(self.root / "agents" / f"{name}.node-token", token)),
             "GPUAAS_AGENT_STATE_DIR": str(state),
             "GPUAAS_AGENT_GPUS": gpus,
             "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
             "GPUAAS_AGENT_SSH_BIND": self.host,
+            **self.extra_env(),
         }
         with open(self.logs_dir / f"agent-{name}.log", "ab") as logf:
             self.procs[name] = subprocess.Popen(
@@ -121,7 +144,13 @@ class LocalAgents:
                 start_new_session=True,
             )
         self.wanted.add(name)
-        log.info("started agent %s (pid %s, GPUs %s)", name, self.procs[name].pid, gpus)
+        log.info(
+            "started agent %s (pid %s, GPUs %s, %s driver)",
+            name,
+            self.procs[name].pid,
+            gpus,
+            env.get("GPUAAS_AGENT_DRIVER", "default"),
+        )
 
     def start(self) -> None:
         for name, gpus in self.configured:

@@ -24,7 +24,11 @@ DEFAULT_PORTS: dict[str, int] = {
     "billing": 8006,
     "postgres": 5433,
     "kafka": 9092,
+    "registry": 5050,  # the local OCI registry of the runtime images (see runtimes.py)
 }
+# Ports of infrastructure, not of services (service_url refuses them).
+INFRA_PORTS = ("postgres", "kafka", "registry")
+AGENT_DRIVERS = ("container", "process")
 DEFAULT_ROOT = Path(".local")
 DEFAULT_ADMIN_EMAIL = "admin@gpuaas.local"
 # Local node-agents (name, declared GPUs) that `make run` enrols so that a new user can allocate at once.
@@ -66,6 +70,12 @@ class StackConfig:
     broker: str = "tansu"
     # Local node-agents (name, declared GPUs) enrolled and started once the services are ready.
     agents: Sequence[tuple[str, str]] = DEFAULT_AGENTS
+    # The OCI registry + runtime images (built, pushed, seeded in the catalog): None = when podman is
+    # installed and the stack runs the catalog. Env GPUAAS_STACK_RUNTIME_IMAGES=0/1.
+    runtime_images: bool | None = None
+    # The node agents' runtime driver: None = container when the runtime images are there, else process.
+    # Env GPUAAS_STACK_AGENT_DRIVER=container|process.
+    agent_driver: str | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> StackConfig:
@@ -75,6 +85,8 @@ class StackConfig:
             "database_url": env.get("GPUAAS_DATABASE_URL") or None,
             "kafka_bootstrap": env.get("GPUAAS_KAFKA_BOOTSTRAP") or None,
             "broker": env.get("GPUAAS_STACK_BROKER") or "tansu",
+            "runtime_images": _flag(env.get("GPUAAS_STACK_RUNTIME_IMAGES")),
+            "agent_driver": env.get("GPUAAS_STACK_AGENT_DRIVER") or None,
             **overrides,
         }
         if "root" in values:
@@ -87,6 +99,14 @@ class StackConfig:
             raise StackError(f"unknown services {unknown}; known: {list(SERVICES)}")
         if self.broker not in BROKERS:
             raise StackError(f"unknown broker {self.broker!r}: tansu or kafka")
+        if self.agent_driver not in (None, *AGENT_DRIVERS):
+            raise StackError(f"unknown agent driver {self.agent_driver!r}: container or process")
+
+
+def _flag(value: str | None) -> bool | None:
+    if value is None or value.strip() == "":
+        return None
+    return value.strip().lower() not in ("0", "false", "no", "off")
 
 
 def assign_ports(config: StackConfig) -> dict[str, int]:

@@ -11,6 +11,8 @@ from typing import Any
 
 from gpuaas.devstack.config import SERVICES
 from gpuaas.devstack.state import read_json, write_private
+from gpuaas.kit.event_signing import generate_seed, public_of
+from gpuaas.kit.secrets_at_rest import generate_key_text
 
 
 class Credentials:
@@ -34,6 +36,16 @@ class Credentials:
         for svc in SERVICES:
             if not services.get(svc):
                 services[svc] = secrets.token_urlsafe(18)
+                changed = True
+        # Secrets at rest and envelope signing (issue 17): the services have no default keys; these are this
+        # stack's own, generated once and kept (the sealed rows and signed topics outlive a restart).
+        if not data.get("secrets_keys"):
+            data["secrets_keys"] = generate_key_text("local1")
+            changed = True
+        signing = data.setdefault("event_signing_keys", {})
+        for svc in SERVICES:
+            if not signing.get(svc):
+                signing[svc] = generate_seed()
                 changed = True
         admin = data.setdefault("admin", {})
         if not admin.get("password"):
@@ -64,6 +76,20 @@ class Credentials:
             key = self.database_url.encode()
             return hmac.new(key, f"gpuaas-devstack:{service}".encode(), hashlib.sha256).hexdigest()[:32]
         return str(self._store()["services"][service])
+
+    @property
+    def secrets_keys(self) -> str:
+        """The keyring every service seals its secrets at rest with (GPUAAS_SECRETS_KEYS)."""
+        return str(self._store()["secrets_keys"])
+
+    def event_signing_key(self, service: str) -> str:
+        return str(self._store()["event_signing_keys"][service])
+
+    @property
+    def event_verify_keys(self) -> str:
+        """Every service's public envelope key (GPUAAS_EVENT_VERIFY_KEYS), under its topic owner name."""
+        keys = self._store()["event_signing_keys"]
+        return ",".join(f"{svc.replace('_', '-')}:{public_of(seed)}" for svc, seed in sorted(keys.items()))
 
     def agent_token(self, name: str) -> str | None:
         """The node token kept for local agent `name`, if any."""

@@ -9,6 +9,12 @@ so one suite's junk never reaches another's stack). On that stack this plugin pr
 - `admin_token` (module scope): a token valid for most of its lifetime when the module starts;
 - `gw`: an httpx.AsyncClient on the gateway as the operator, each request with a fresh token.
 
+With podman installed, every such stack also runs the OCI registry with the runtime images (built once
+and cached, see runtime_images) seeded in its catalog, and its node agents use the container driver.
+`run_isolation_stack()` starts one that must (two container hosts by default); `runtime_registry` is its
+registry (`LocalRegistry`: `.address`, `.blob_path(digest)` for tamper tests) and `stack.runtimes.pushed`
+the pushed images ({slug: PushedImage(ref, digest)}).
+
 and, for the tests themselves, `new_team` (a fresh tenant, project, admin and member) and `target_of`
 (the stack as the golden path's `Target`, what `golden_path.actors` helpers such as `start_agent` take).
 Waiting helpers are in `gpuaas.devstack.waiting` (`eventually`, `until_done`).
@@ -29,6 +35,7 @@ import httpx
 import pytest
 
 from gpuaas.devstack.config import StackConfig
+from gpuaas.devstack.registry import LocalRegistry
 from gpuaas.devstack.stack import Stack
 from gpuaas.devstack.testing import remove_root, temp_root
 
@@ -57,6 +64,34 @@ def run_stack(request: pytest.FixtureRequest, prefix: str, **overrides: Any) -> 
             log.warning("kept the stack's logs and data for a post-mortem: %s", root)
         else:
             remove_root(root)
+
+
+ISOLATION_AGENTS: tuple[tuple[str, str], ...] = (("iso-host-a", "4xH100-80GB"), ("iso-host-b", "4xH100-80GB"))
+
+
+def run_isolation_stack(
+    request: pytest.FixtureRequest, prefix: str = "gpuaas-isolation-", **overrides: Any
+) -> Iterator[Stack]:
+    """`run_stack` whose agents (ISOLATION_AGENTS unless `agents=` is given) must run the container driver
+    with the registry and runtime images seeded: fails at once (naming why) when they cannot."""
+    overrides = {"agents": ISOLATION_AGENTS, "runtime_images": True, "agent_driver": "container", **overrides}
+    stacks = run_stack(request, prefix, **overrides)
+    stack = next(stacks)
+    try:
+        if not stack.runtimes.ready or not stack.runtimes.wait_seeded():
+            why = stack.runtimes.error or stack.runtimes.seed_error
+            pytest.fail(f"runtime images not available on the isolation stack: {why}")
+        yield stack
+    finally:
+        stacks.close()  # run_stack's own cleanup: stop the stack, remove its directory
+
+
+@pytest.fixture
+def runtime_registry(stack: Stack) -> LocalRegistry:
+    """The stack's OCI registry holding the runtime images (the stack must run them)."""
+    if stack.runtimes.registry is None:
+        pytest.skip("this stack runs no registry: podman or docker-registry is not installed")
+    return stack.runtimes.registry
 
 
 class AdminTokens:
@@ -151,7 +186,14 @@ def target_of(stack: Stack) -> Target:
     """The stack as the golden path's `Target` (node agents dial allocations directly)."""
     from gpuaas.devstack.golden_path.actors import Target  # SSH and the SDK only for the tests that use them
 
-    return Target(stack.gateway_url, stack.service_url("allocations"), stack.admin_login, stack.root, stack.logs_dir)
+    return Target(
+        stack.gateway_url,
+        stack.service_url("allocations"),
+        stack.admin_login,
+        stack.root,
+        stack.logs_dir,
+        stack.runtimes.agent_env(),
+    )
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ class LocalRegistry:
         algorithm, hexdigest = digest.split(":", 1)
         return self.storage / "docker/registry/v2/blobs" / algorithm / hexdigest[:2] / hexdigest / "data"
 
+    blob_path = blob_file
+
     def start(self, timeout_s: float = 15.0) -> LocalRegistry:
         binary = require_tools(REGISTRY_BINARY)[REGISTRY_BINARY]
         self.storage.mkdir(parents=True, exist_ok=True)

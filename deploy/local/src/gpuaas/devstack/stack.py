@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpuaas.devstack.agents import LocalAgents
+from gpuaas.devstack.agents import LocalAgents, agent_base_env, write_token_file
 from gpuaas.devstack.config import (
     DEFAULT_PORTS,
     GATEWAY,
+    INFRA_PORTS,
     SERVICES,
     StackConfig,
     StackError,
@@ -50,6 +51,7 @@ from gpuaas.devstack.credentials import Credentials
 from gpuaas.devstack.infra import EmbeddedPostgres, Tansu, port_in_use
 from gpuaas.devstack.kafka import ApacheKafka
 from gpuaas.devstack.processes import Lifecycle, ServiceProcesses, run_coro
+from gpuaas.devstack.runtimes import LocalRuntimes, remembered_port, runtimes_wanted
 from gpuaas.devstack.state import STATE_VERSION, process_record, take_over_previous, write_private
 from gpuaas.devstack.supervision import OutboxReplay, Supervisor
 
@@ -74,6 +76,9 @@ class Stack:
         self.secrets_path = self.root / "secrets.json"
         self.host = config.host
         self.ports = assign_ports(config)
+        previous = remembered_port(self.root)
+        if config.free_ports and "registry" not in config.ports and previous and not port_in_use(self.host, previous):
+            self.ports["registry"] = previous  # the catalog's runtime references name it
         self._lifecycle = Lifecycle()
         self.cancel = self._lifecycle.cancel  # set it (e.g. from a signal handler) to interrupt start/waits
         self.credentials = Credentials(self.secrets_path, config.admin_email, config.database_url)
@@ -97,6 +102,15 @@ class Stack:
         elif not config.kafka_bootstrap:
             self.tansu = Tansu(port=self.ports["kafka"], host=self.host, log_path=self.logs_dir / "tansu.log")
 
+        # The registry and runtime images (seeded in the catalog as the operator identity seeds).
+        self.runtimes = LocalRuntimes(
+            runtimes_wanted(config, self.services),
+            self.root,
+            self.ports["registry"],
+            self.credentials,
+            self.service_url,
+            agent_driver=config.agent_driver,
+        )
         # The agents enrol through allocations as the operator that identity seeds.
         with_agents = {"allocations", "identity"} <= set(self.services)
         self.agents = LocalAgents(
@@ -107,6 +121,7 @@ class Stack:
             config.python,
             self.credentials,
             self.service_url,
+            extra_env=self.runtimes.agent_env,
         )
         self._outbox = OutboxReplay(self.processes, self.services, self.fetchval)
         self.supervisor = Supervisor(
@@ -162,9 +177,26 @@ class Stack:
         return self.processes.names
 
     def service_url(self, name: str) -> str:
-        if name not in DEFAULT_PORTS or name in ("postgres", "kafka"):
+        if name not in DEFAULT_PORTS or name in INFRA_PORTS:
             raise KeyError(f"no such service: {name}")
         return f"http://{self.host}:{self.ports[name]}"
+
+    def agent_env(self, name: str, token: str, gpus: str, **extra: str) -> dict[str, str]:
+        """The environment of a node agent a test or bench starts itself for host `name`: its node token in
+        a 0600 file (never the environment), its own state dir, and the stack's runtime driver settings."""
+        state = self.root / "agents" / name
+        state.mkdir(parents=True, exist_ok=True)
+        token_file = write_token_file(self.root / "agents" / f"{name}.node-token", token)
+        return {
+            **agent_base_env(),
+            "GPUAAS_AGENT_SERVER_URL": self.service_url("allocations"),
+            "GPUAAS_AGENT_NODE_TOKEN_FILE": str(token_file),
+            "GPUAAS_AGENT_STATE_DIR": str(state),
+            "GPUAAS_AGENT_GPUS": gpus,
+            "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
+            **self.runtimes.agent_env(),
+            **extra,
+        }
 
     def pid(self, name: str) -> int | None:
         return self.processes.get(name).pid
@@ -213,11 +245,19 @@ class Stack:
             env[f"{prefix}UPSTREAMS"] = json.dumps({s: self.service_url(s) for s in self.services})
         else:
             env[f"{prefix}DATABASE_URL"] = self.database_url(name)
+            env["GPUAAS_SECRETS_KEYS"] = self.credentials.secrets_keys
+            env[f"{prefix}EVENT_SIGNING_KEY"] = self.credentials.event_signing_key(name)
+            env["GPUAAS_EVENT_VERIFY_KEYS"] = self.credentials.event_verify_keys
         if name == "identity":
             email, password = self.admin_login
             env[f"{prefix}BOOTSTRAP_ADMIN_EMAIL"] = email
             env[f"{prefix}BOOTSTRAP_ADMIN_PASSWORD"] = password
             env[f"{prefix}PUBLIC_URL"] = f"{self.gateway_url}/api/identity"
+            # The devstack's enterprise IdPs (a second identity, Keycloak) listen on loopback over plain
+            # http: allowed here explicitly; a real deployment's default denies both (outbound guard).
+            env[f"{prefix}IDP_ALLOWED_NETWORKS"] = json.dumps(["127.0.0.0/8", "::1/128"])
+            env[f"{prefix}IDP_PLAIN_HTTP_HOSTS"] = json.dumps(["127.0.0.1", "localhost", "::1"])
+            env[f"{prefix}IDP_TIMEOUT_S"] = "60"  # a local Keycloak on a loaded dev machine answers slowly
         env.update(self.config.env.get("*", {}))
         env.update(self.config.env.get(name, {}))
         return env
@@ -250,6 +290,7 @@ class Stack:
             self._check_ports()
             lc.started = True
             try:
+                self.runtimes.start()  # the registry now; images build and push while the rest starts
                 pg_reused = self._start_postgres()
                 lc.checkpoint()
                 self._start_broker()
@@ -266,7 +307,10 @@ class Stack:
                 self._write_state()
                 self.wait_ready(timeout=self.config.ready_timeout_s)
                 lc.checkpoint()
+                self.runtimes.start_seed()  # the default runtime before start() returns, the others after
                 self.agents.start()
+                self.runtimes.wait_seeded(default_only=True)
+                lc.checkpoint()
                 self._write_state()
             except BaseException:
                 self.stop()
@@ -290,6 +334,8 @@ class Stack:
             wanted["postgres"] = self.ports["postgres"]
         if self.tansu is not None or self.kafka is not None:
             wanted["kafka"] = self.ports["kafka"]
+        if self.runtimes.enabled:
+            wanted["registry"] = self.ports["registry"]
         busy = {n: p for n, p in wanted.items() if port_in_use(self.host, p)}
         if busy:
             listing = ", ".join(f"{n} {self.host}:{p}" for n, p in busy.items())
@@ -369,6 +415,7 @@ class Stack:
                 return
             self.agents.stop()
             self.processes.stop(self.processes.names, timeout_s)
+            self.runtimes.stop()
             if self.tansu is not None:
                 self.tansu.stop()
             if self.kafka is not None:
@@ -501,7 +548,10 @@ class Stack:
             "secrets": str(self.secrets_path),
             "processes": processes,
             "agents": agents,
+            "registry": self.runtimes.state(),
         }
+        if data["registry"] is not None:
+            processes["registry"] = process_record(data["registry"]["pid"])
         for name, info in agents.items():
             processes[f"agent-{name}"] = process_record(info["pid"])
         if self.pg is not None:

@@ -111,6 +111,14 @@ class Event(BaseModel):
     schema_version: int = 1
     datacontenttype: str = "application/json"
     data: Any = None
+    # Order of one subject's events, set by the producer's outbox (a database sequence, never a clock):
+    # projections keep the state of the highest `sequence` they have seen, so a clock step cannot reorder them.
+    sequence: int | None = Field(
+        default=None, description="per-subject order stamped by the producer (higher is newer); not a time"
+    )
+    # `ed25519:<kid>:<base64>` over the canonical envelope bytes (gpuaas.kit.event_signing), set by the
+    # producing service's relay; consumers of access-granting topics accept only their owner's signature.
+    signature: str | None = Field(default=None, description="producer's signature over the canonical envelope")
 
     @classmethod
     def event_type(cls) -> str:

@@ -98,7 +98,7 @@ _ALL: list[Topic] = [
         "App manifests, artifacts (promotion lifecycle) and entitlements (full state per event).",
         catalog.EVENTS,
         compacted=True,
-        consumers=("app-runtime",),
+        consumers=("app-runtime", "allocations"),
     ),
     Topic(
         APP_RUNTIME,

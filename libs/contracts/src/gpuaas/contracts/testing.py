@@ -80,6 +80,8 @@ class _Sampler:
             return True
         if annotation is int:
             return _bounded_int(metadata)
+        if annotation is float:
+            return float(_bounded_int(metadata)) or 1.0
         if annotation is str:
             pattern = next((m.pattern for m in metadata if getattr(m, "pattern", None)), None)
             if pattern is None:

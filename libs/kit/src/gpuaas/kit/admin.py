@@ -5,6 +5,7 @@ Mounted at `/admin`; platform operators only. Every mutation here is audited too
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ from gpuaas.kit import audit
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.consumer import run_handlers
 from gpuaas.kit.errors import Conflict, NotFound, Unprocessable
+from gpuaas.kit.event_signing import SIGNED_TOPICS, SignatureError
 from gpuaas.kit.iam import require
 from gpuaas.kit.relay import replay
 from gpuaas.kit.tables import dead_letters, outbox
@@ -97,6 +99,11 @@ async def retry_dead_letter(request: Request, dead_letter_id: uuid.UUID, princip
             event = topic.parse(row.payload) if topic else None
         except ValueError as exc:
             raise Unprocessable(f"the stored event cannot be parsed: {exc}", code="dead_letter_malformed") from exc
+        if event is not None and row.topic in SIGNED_TOPICS:  # a parked forgery stays parked
+            try:
+                kit.event_verifier.verify(row.topic, json.loads(row.payload))
+            except SignatureError as exc:
+                raise Unprocessable(str(exc), code="dead_letter_signature_invalid") from exc
         handlers = kit.subscriptions.handlers.get(event.type, []) if event else []
         error = None
         try:

@@ -22,17 +22,20 @@ from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import HTTPConnection
 
-from gpuaas.kit import admin, iam
+from gpuaas.contracts import TOPICS
+from gpuaas.kit import admin, iam, revocation
 from gpuaas.kit.auth import JWKSCache, TokenVerifier
 from gpuaas.kit.consumer import EventConsumer
 from gpuaas.kit.db import create_engine, session_factory, to_plain_url
 from gpuaas.kit.errors import install_error_handlers
+from gpuaas.kit.event_signing import SIGNED_TOPICS, EventSigner, EventVerifier
 from gpuaas.kit.http import BodyLimitMiddleware, CorrelationMiddleware
 from gpuaas.kit.idempotency import IdempotencyMiddleware
 from gpuaas.kit.kafka import client_security, ensure_topics, make_producer
 from gpuaas.kit.logging import configure_logging, get_logger
 from gpuaas.kit.metrics import BusinessMetrics, ServiceMetrics
 from gpuaas.kit.relay import OutboxRelay
+from gpuaas.kit.secrets_at_rest import SESSION_KEY, Keyring
 from gpuaas.kit.settings import ServiceSettings
 from gpuaas.kit.subscriptions import Subscriptions
 
@@ -57,6 +60,8 @@ class ServiceSpec:
     # The service's business metrics: built on the app's registry, gauges refreshed at every scrape.
     metrics: Callable[[CollectorRegistry], BusinessMetrics] | None = None
     with_iam: bool = True  # every service except the gateway projects identity
+    # The service keeps secrets in its schema: it needs the operator's keyring (GPUAAS_SECRETS_KEYS) to start.
+    secrets_at_rest: bool = False
     title: str = ""
     description: str = ""
 
@@ -70,6 +75,12 @@ class KitRuntime:
     metrics: ServiceMetrics
     verifier: TokenVerifier
     subscriptions: Subscriptions
+    # The deny list the verifier checks (revoked sessions, disabled accounts); None in the gateway (no IAM).
+    revocations: revocation.DenyList | None = None
+    # Secrets at rest (spec.secrets_at_rest) and envelope signatures (gpuaas.kit.event_signing).
+    keyring: Keyring | None = None
+    event_signer: EventSigner | None = None
+    event_verifier: EventVerifier = field(default_factory=EventVerifier)
     producer: AIOKafkaProducer | None = None
     relay: OutboxRelay | None = None
     consumer: EventConsumer | None = None
@@ -114,27 +125,38 @@ def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
         metrics.business = spec.metrics(metrics.registry)
     subs = spec.subscriptions or Subscriptions()
     if spec.with_iam:
-        subs = iam.subscriptions.merge(subs)
+        subs = iam.subscriptions.merge(revocation.subscriptions, subs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_logging(spec.name, settings.log_level, settings.log_json)
+        # Refuse to start without the keys this service needs (a clear message, before anything else runs).
+        keyring = Keyring.parse(settings.secrets_keys.get_secret_value()) if spec.secrets_at_rest else None
+        event_signer, event_verifier = event_keys(settings, spec, subs)
         engine = create_engine(
             settings.database_url.get_secret_value(),
             settings.schema,
             pool_size=settings.db_pool_size,
             app_name=spec.name,
         )
+        deny = revocation.DenyList() if spec.with_iam else None
+        info = {**metrics.session_info(), **({revocation.INFO_KEY: deny} if deny else {}), SESSION_KEY: keyring}
         kit = KitRuntime(
             settings=settings,
             spec=spec,
             engine=engine,
-            sessions=session_factory(engine, info=metrics.session_info()),
+            sessions=session_factory(engine, info=info),
             metrics=metrics,
-            verifier=TokenVerifier(JWKSCache(settings.jwks_url), settings.jwt_issuer, settings.jwt_audience),
+            verifier=TokenVerifier(JWKSCache(settings.jwks_url), settings.jwt_issuer, settings.jwt_audience, deny),
             subscriptions=subs,
+            revocations=deny,
+            keyring=keyring,
+            event_signer=event_signer,
+            event_verifier=event_verifier,
         )
         app.state.kit = kit
+        if deny is not None:
+            await _load_revocations(kit, deny)
         for hook in spec.on_startup:
             await hook(kit)
         kit.spawn(_run_messaging(kit), "messaging")
@@ -158,6 +180,25 @@ def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
         iam.route_actions(router)  # before inclusion: included routers are not walked afterwards
         app.include_router(router)
     return app
+
+
+async def _load_revocations(kit: KitRuntime, deny: revocation.DenyList) -> None:
+    """Load the deny list before serving (a restarted replica must not accept a revoked token), then keep it
+    in step with the rows other replicas' consumers write."""
+    s = kit.settings
+    try:
+        await deny.poll(kit.sessions, s.revocation_retention_s)
+    except Exception as exc:  # no database yet: the loop below retries; requests need the database anyway
+        log.warning("revocations_not_loaded", error=f"{type(exc).__name__}: {exc}")
+    kit.spawn(
+        deny.run(
+            kit.sessions,
+            kit.stopping,
+            interval_s=s.revocation_poll_interval_s,
+            retention_s=s.revocation_retention_s,
+        ),
+        "revocations",
+    )
 
 
 async def _run_messaging(kit: KitRuntime) -> None:
@@ -192,6 +233,7 @@ async def _run_messaging(kit: KitRuntime) -> None:
             poll_interval_s=s.outbox_poll_interval_s,
             retention_hours=s.outbox_retention_hours,
             topic_prefix=s.kafka_topic_prefix,
+            signer=kit.event_signer,
         )
         kit.spawn(kit.relay.run(), "outbox-relay")
     if s.run_consumers and kit.subscriptions.topics:
@@ -209,8 +251,32 @@ async def _run_messaging(kit: KitRuntime) -> None:
             commit_timeout_s=s.consumer_commit_timeout_s,
             topic_prefix=s.kafka_topic_prefix,
             security=client_security(s),
+            verifier=kit.event_verifier,
         )
         kit.spawn(kit.consumer.run(), "consumer")
+
+
+def event_keys(
+    settings: ServiceSettings, spec: ServiceSpec, subs: Subscriptions
+) -> tuple[EventSigner | None, EventVerifier]:
+    """The service's envelope signer and the producers' public keys. Refuses (ValueError) a service that
+    owns a signed topic without a signing key, or consumes one without its owner's public key."""
+    seed = settings.event_signing_key.get_secret_value()
+    signer = EventSigner(seed) if seed else None
+    verifier = EventVerifier.parse(settings.event_verify_keys)
+    for name in sorted(SIGNED_TOPICS):
+        owner = TOPICS[name].owner
+        if owner == spec.name and settings.run_relay and signer is None:
+            raise ValueError(
+                f"{spec.name} publishes {name}, whose events are accepted only signed: set "
+                f"GPUAAS_{spec.name.upper()}_EVENT_SIGNING_KEY (base64 of an Ed25519 seed)"
+            )
+        if name in subs.topics and settings.run_consumers and not verifier.trusts(owner):
+            raise ValueError(
+                f"{spec.name} consumes {name}, whose events are accepted only signed by {owner}: set "
+                f"GPUAAS_EVENT_VERIFY_KEYS to include `{owner}:<base64 public key>`"
+            )
+    return signer, verifier
 
 
 async def _shutdown(kit: KitRuntime) -> None:

@@ -23,6 +23,7 @@ from starlette.requests import HTTPConnection
 from gpuaas.contracts import Actor, ActorKind
 from gpuaas.kit.errors import Unauthorized, Unavailable
 from gpuaas.kit.logging import get_logger
+from gpuaas.kit.revocation import DenyList
 
 log = get_logger(__name__)
 ALGORITHMS = ["ES256", "RS256"]
@@ -40,6 +41,10 @@ class Principal:
     scopes: frozenset[str] = field(default_factory=frozenset)
     token_id: str | None = None
     email: str | None = None
+    # What revocation checks (gpuaas.kit.revocation): the login session (`sid`), issue and expiry times (epoch s).
+    session_id: uuid.UUID | None = None
+    issued_at: float | None = None
+    expires_at: float | None = None
 
     @property
     def actor(self) -> Actor:
@@ -98,10 +103,21 @@ def _has_kid(keys: KeySet, kid: str) -> bool:
     return any(k.kid == kid for k in keys.keys)
 
 
+# Clock skew tolerated between identity (which stamps iat/nbf/exp) and a verifying service: a token
+# minted on a clock a little ahead is not refused as "not yet valid" (RFC 7519 4.1.4-4.1.6 allow "a few
+# minutes"; 30 s is enough for NTP-synchronised hosts and adds at most that to a 15-minute token's life).
+CLOCK_SKEW_LEEWAY_S = 30
+
+
 class TokenVerifier:
-    def __init__(self, jwks: JWKSCache, issuer: str, audience: str) -> None:
+    """Signature, issuer, audience and expiry, then the deny list (`revocations`: a revoked session, a
+    disabled account, a rotated service-account secret), in memory: no I/O per request."""
+
+    def __init__(self, jwks: JWKSCache, issuer: str, audience: str, revocations: DenyList | None = None) -> None:
         self.jwks = jwks
+        self.revocations = revocations
         self.claims = jwt.JWTClaimsRegistry(
+            leeway=CLOCK_SKEW_LEEWAY_S,
             iss={"essential": True, "value": issuer},
             aud={"essential": True, "value": audience},
             exp={"essential": True},
@@ -119,7 +135,10 @@ class TokenVerifier:
             self.claims.validate(decoded.claims)
         except (JoseError, ValueError) as exc:
             raise Unauthorized(f"invalid token: {exc.__class__.__name__}", code="invalid_token") from exc
-        return principal_from_claims(decoded.claims)
+        principal = principal_from_claims(decoded.claims)
+        if self.revocations is not None:
+            self.revocations.check(principal)
+        return principal
 
 
 def principal_from_claims(claims: dict[str, Any]) -> Principal:
@@ -133,9 +152,16 @@ def principal_from_claims(claims: dict[str, Any]) -> Principal:
             scopes=frozenset(str(claims.get("scope", "")).split()),
             token_id=claims.get("jti"),
             email=claims.get("email"),
+            session_id=uuid.UUID(claims["sid"]) if claims.get("sid") else None,
+            issued_at=_numeric(claims.get("iat")),
+            expires_at=_numeric(claims.get("exp")),
         )
     except (KeyError, ValueError) as exc:
         raise Unauthorized("token claims are incomplete", code="invalid_token") from exc
+
+
+def _numeric(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def bearer_token(request: HTTPConnection) -> str | None:

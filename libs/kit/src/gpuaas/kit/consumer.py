@@ -8,7 +8,10 @@ Exactly-once effects on an at-least-once broker:
 - a handler that fails `max_attempts` times, or a message that cannot be parsed, is parked in
   `dead_letters` (with an inbox row, so redelivery does not re-run it) and the batch goes on;
 - if the transaction itself fails (database down), nothing is committed and the partitions are
-  rewound to the batch start.
+  rewound to the batch start;
+- events of a signed topic (gpuaas.kit.event_signing.SIGNED_TOPICS: identity's) are applied only with
+  a valid signature of the topic's owner; anything else is parked (no inbox row, so a forged copy cannot
+  claim a genuine event's id).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpuaas.contracts import TOPICS, Event, new_event_id
 from gpuaas.kit import context
 from gpuaas.kit.bulk import insert_rows
+from gpuaas.kit.event_signing import SIGNED_TOPICS, EventVerifier, SignatureError
 from gpuaas.kit.logging import get_logger
 from gpuaas.kit.metrics import ServiceMetrics
 from gpuaas.kit.subscriptions import Handler, Subscriptions
@@ -81,8 +85,11 @@ class EventConsumer:
         group_id: str | None = None,
         topic_prefix: str = "",
         security: Mapping[str, Any] | None = None,
+        verifier: EventVerifier | None = None,
     ) -> None:
         self.name = name
+        # Public keys of the producers of signed topics; without one, their events are all parked.
+        self.verifier = verifier or EventVerifier()
         self.topic_prefix = topic_prefix
         # TLS/SASL keyword arguments of the client (gpuaas.kit.kafka.client_security); empty: PLAINTEXT.
         self.security = dict(security or {})
@@ -328,6 +335,12 @@ class EventConsumer:
                     # RecursionError for deep nesting, ...) parks this one record instead of failing the batch
                     await self._park(session, record, None, None, f"malformed event: {exc}", attempts=1)
                     continue
+                if event is not None and topic.name in SIGNED_TOPICS:
+                    try:
+                        self.verifier.verify(topic.name, json.loads(record.value))
+                    except SignatureError as exc:
+                        await self._park(session, record, event.id, event.type, f"rejected: {exc}", attempts=1)
+                        continue
                 if event is None:
                     continue  # a type this version does not know: ignored by contract
                 handlers = self.subs.handlers.get(event.type)

@@ -48,6 +48,9 @@ def create_engine(url: str, schema: str, *, pool_size: int = 10, app_name: str =
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
+        # Errors are logged without their bound parameters (a failed INSERT would otherwise log the secret,
+        # password hash or token it carried).
+        hide_parameters=True,
         connect_args={"server_settings": {"search_path": schema, "application_name": app_name}},
     )
 

@@ -68,7 +68,8 @@ def problem_body(
 def problem_response(
     status: int, code: str, title: str, detail: str, instance: str | None = None, **extra: Any
 ) -> JSONResponse:
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    # A problem that knows how long to wait (`retry_after_s`) says so in the header too.
+    headers = {"Retry-After": str(extra.get("retry_after_s", 1))} if status in (429, 503) else None
     return JSONResponse(
         problem_body(status, code, title, detail, instance, **extra),
         status_code=status,

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Coroutine
-from datetime import datetime
 from typing import Any
 
 from fastapi import Request
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -303,26 +302,34 @@ def _uuid_or_404(value: str | None) -> uuid.UUID | None:
 subscriptions = Subscriptions()
 
 
-async def _upsert(session: AsyncSession, table: Any, key: str, values: dict[str, Any], event_time: datetime) -> None:
-    """Last-writer-wins by event time, so a replayed older event never overwrites newer state."""
-    values = {**values, "updated_at": event_time}
+async def _upsert(session: AsyncSession, table: Any, key: str, values: dict[str, Any], event: ev.Event) -> None:
+    """Keep the newest state of a record: ordered by the producer's per-record `sequence` (identity's
+    outbox numbers its events in commit order), never by clock time, so a clock step cannot drop a revoke.
+
+    An event without a sequence (published before sequences existed) falls back to event time, and only
+    over state that has no sequence either; once a record holds a sequenced state, unsequenced events
+    (older by construction) never overwrite it.
+    """
+    values = {**values, "updated_at": event.time, "version": event.sequence}
     stmt = pg_insert(table).values(values)
+    if event.sequence is not None:
+        newer = or_(table.c.version.is_(None), table.c.version < stmt.excluded.version)
+    else:
+        newer = and_(table.c.version.is_(None), table.c.updated_at <= stmt.excluded.updated_at)
     stmt = stmt.on_conflict_do_update(
-        index_elements=[key],
-        set_={k: stmt.excluded[k] for k in values if k != key},
-        where=table.c.updated_at <= stmt.excluded.updated_at,
+        index_elements=[key], set_={k: stmt.excluded[k] for k in values if k != key}, where=newer
     )
     await session.execute(stmt)
 
 
 @subscriptions.on(ev.TenantCreated, ev.TenantUpdated)
 async def _tenant(session: AsyncSession, e: ev.TenantCreated) -> None:
-    await _upsert(session, iam_tenants, "tenant_id", e.data.model_dump(), e.time)
+    await _upsert(session, iam_tenants, "tenant_id", e.data.model_dump(), e)
 
 
 @subscriptions.on(ev.ProjectCreated, ev.ProjectUpdated)
 async def _project(session: AsyncSession, e: ev.ProjectCreated) -> None:
-    await _upsert(session, iam_projects, "project_id", e.data.model_dump(), e.time)
+    await _upsert(session, iam_projects, "project_id", e.data.model_dump(), e)
 
 
 @subscriptions.on(ev.UserCreated, ev.UserUpdated)
@@ -333,7 +340,7 @@ async def _user(session: AsyncSession, e: ev.UserCreated) -> None:
         iam_users,
         "user_id",
         {"user_id": d.user_id, "email": d.email, "tenant_id": d.tenant_id, "status": d.status},
-        e.time,
+        e,
     )
 
 
@@ -343,14 +350,14 @@ async def _membership(session: AsyncSession, e: ev.MembershipGranted) -> None:
     values = d.model_dump()
     values["scope"], values["role"] = str(d.scope), str(d.role)
     values["revoked"] = d.revoked or e.type == "membership.revoked"
-    await _upsert(session, iam_memberships, "membership_id", values, e.time)
+    await _upsert(session, iam_memberships, "membership_id", values, e)
 
 
 @subscriptions.on(ev.ServiceAccountCreated, ev.ServiceAccountUpdated, ev.ServiceAccountDisabled)
 async def _service_account(session: AsyncSession, e: ev.ServiceAccountCreated) -> None:
     values = e.data.model_dump()
     values["disabled"] = e.data.disabled or e.type == "service_account.disabled"
-    await _upsert(session, iam_service_accounts, "service_account_id", values, e.time)
+    await _upsert(session, iam_service_accounts, "service_account_id", values, e)
 
 
 async def apply_locally(session: AsyncSession, event: ev.Event) -> None:

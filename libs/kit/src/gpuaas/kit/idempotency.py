@@ -10,12 +10,17 @@ response nor a 5xx release was recorded) is taken over by a retry once it is old
 effect had committed: every transaction that writes during the request also sets the key's
 `committed_at`, in that same transaction (`install` hooks the service's sessions). A retry of such a
 request is never run again; it gets 409 `idempotency_request_committed` (the effect is there, only the
-response was lost: read the resource).
+response was lost: read the resource at the request's path, named in the problem).
+
+A reservation younger than `RESERVATION_TIMEOUT` belongs to a request still in flight, committed or not
+(its effect commits before its response is stored): a concurrent duplicate gets 409
+`idempotency_request_in_progress` with `Retry-After`, and its retry then gets the stored response.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from contextvars import ContextVar
 from datetime import timedelta
@@ -133,9 +138,11 @@ class IdempotencyMiddleware:
                 first = taken.first() is not None
             existing = None
             if not first:
+                # `live`: reserved (or taken over) recently enough that the request may still be running
+                live = (idempotency_keys.c.created_at >= func.now() - RESERVATION_TIMEOUT).label("live")
                 existing = (
                     await session.execute(
-                        select(idempotency_keys).where(
+                        select(idempotency_keys, live).where(
                             idempotency_keys.c.principal == principal, idempotency_keys.c.key == key
                         )
                     )
@@ -148,21 +155,28 @@ class IdempotencyMiddleware:
                     "Idempotency-Key reused",
                     "This Idempotency-Key was used with a different request.",
                 )
-            elif existing.status_code is None and existing.committed_at is not None:
+            elif existing.status_code is None and (existing.live or existing.committed_at is None):
+                # Still running (its effect may have committed already; its response is not stored yet).
+                resp = problem_response(
+                    409,
+                    "idempotency_request_in_progress",
+                    "Request in progress",
+                    "A request with this Idempotency-Key is still being processed; retry after the "
+                    "Retry-After seconds to get its response.",
+                )
+                resp.headers["Retry-After"] = "1"
+            elif existing.status_code is None:
                 resp = problem_response(
                     409,
                     "idempotency_request_committed",
                     "Request already applied",
                     "The request with this Idempotency-Key was applied, but its response was lost when the "
                     "service stopped. Read the resource's current state instead of sending it again.",
+                    method=existing.method,
+                    path=existing.path,
                 )
-            elif existing.status_code is None:
-                resp = problem_response(
-                    409,
-                    "idempotency_request_in_progress",
-                    "Request in progress",
-                    "A request with this Idempotency-Key is still being processed.",
-                )
+            elif (existing.response_headers or {}).get(NOT_KEPT):
+                resp = _not_kept(existing)
             else:
                 await _replay(existing, send)
                 return
@@ -198,11 +212,58 @@ class IdempotencyMiddleware:
                         for k, v in captured["headers"]  # type: ignore[union-attr]
                         if k.lower() in (b"content-type", b"location", b"etag")
                     }
+                    kept: bytes | None = captured["body"]  # type: ignore[assignment]
+                    if holds_secret(captured["headers"], kept or b""):  # type: ignore[arg-type]
+                        kept, headers = None, {**headers, NOT_KEPT: "secret"}
                     await session.execute(
                         update(idempotency_keys)
                         .where(*where)
-                        .values(status_code=status, response_body=captured["body"], response_headers=headers)
+                        .values(status_code=status, response_body=kept, response_headers=headers)
                     )
+
+
+# --- responses that carry secrets are never kept (issue 17) ---
+
+NOT_KEPT = "x-gpuaas-response-not-kept"  # in the stored headers of a response whose body was not stored
+# Field names whose values are secrets: a response holding one at any depth is not stored for replay.
+SECRET_FIELDS = frozenset(
+    {"client_secret", "secret", "password", "access_token", "refresh_token", "id_token", "private_key", "token"}
+)
+
+
+def holds_secret(headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """A response that says `Cache-Control: no-store`, or whose JSON holds a secret-named field with a value."""
+    for k, v in headers:
+        if k.lower() == b"cache-control" and b"no-store" in v.lower():
+            return True
+    if not body.lstrip().startswith((b"{", b"[")):
+        return False
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return _secret_in(doc)
+
+
+def _secret_in(doc: Any) -> bool:
+    if isinstance(doc, dict):
+        return any((k in SECRET_FIELDS and v) or _secret_in(v) for k, v in doc.items())
+    if isinstance(doc, list):
+        return any(_secret_in(v) for v in doc)
+    return False
+
+
+def _not_kept(row: Any) -> Any:
+    return problem_response(
+        409,
+        "idempotency_response_not_kept",
+        "Response not kept",
+        "The request with this Idempotency-Key was applied; its response held a secret, which is never stored "
+        "for replay. Read the resource (or rotate the secret) instead of sending the request again.",
+        method=row.method,
+        path=row.path,
+        location=(row.response_headers or {}).get("location"),
+    )
 
 
 async def _caller(kit: object, scope: Scope) -> str:

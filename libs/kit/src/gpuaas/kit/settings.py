@@ -67,6 +67,19 @@ class ServiceSettings(BaseSettings):
     jwks_url: str = Field("http://127.0.0.1:8001/.well-known/jwks.json", validation_alias=_shared("jwks_url"))
     jwt_issuer: str = Field("http://127.0.0.1:8000/api/identity", validation_alias=_shared("jwt_issuer"))
     jwt_audience: str = Field("gpuaas", validation_alias=_shared("jwt_audience"))
+    # Revocation (gpuaas.kit.revocation): how often each replica reads the deny-list rows other replicas wrote.
+    revocation_poll_interval_s: float = Field(0.5, gt=0, validation_alias=_shared("revocation_poll_interval_s"))
+    # How long a deny-list row is kept: must exceed the longest access-token lifetime (identity's default 900 s).
+    revocation_retention_s: float = Field(86400.0, gt=0, validation_alias=_shared("revocation_retention_s"))
+
+    # Secrets at rest (gpuaas.kit.secrets_at_rest): `kid:base64(32 bytes)[,...]`, the first key seals. No
+    # default: a service that stores secrets refuses to start without it (the local stack generates one).
+    secrets_keys: SecretStr = Field(SecretStr(""), validation_alias=_shared("secrets_keys"))
+    # This service's Ed25519 key for the envelopes its relay publishes (base64 seed; gpuaas.kit.event_signing).
+    event_signing_key: SecretStr = SecretStr("")
+    # Public keys of the producing services whose signed topics this service consumes:
+    # `service:base64(public key)[,...]` (several per service while one rotates).
+    event_verify_keys: str = Field("", validation_alias=_shared("event_verify_keys"))
 
     outbox_batch_size: int = 500
     outbox_poll_interval_s: float = 1.0

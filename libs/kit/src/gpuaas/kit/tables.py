@@ -15,6 +15,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
+    Sequence,
     Table,
     Text,
     func,
@@ -77,6 +78,9 @@ dead_letters = Table(
     Index("ix_dead_letters_status", "status"),
 )
 
+# Numbers the events whose topics need a per-record order (kit.outbox stamps envelope `sequence`).
+event_sequence = Sequence("event_sequence", metadata=kit_metadata)
+
 idempotency_keys = Table(
     "idempotency_keys",
     kit_metadata,
@@ -104,6 +108,7 @@ iam_tenants = Table(
     Column("name", Text, nullable=False),
     Column("status", Text, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger),  # envelope `sequence` of the state held (kit.iam)
 )
 
 iam_projects = Table(
@@ -114,6 +119,7 @@ iam_projects = Table(
     Column("name", Text, nullable=False),
     Column("archived", Boolean, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger),  # envelope `sequence` of the state held (kit.iam)
 )
 
 iam_users = Table(
@@ -124,6 +130,7 @@ iam_users = Table(
     Column("tenant_id", UUID(as_uuid=True)),
     Column("status", Text, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger),  # envelope `sequence` of the state held (kit.iam)
 )
 
 iam_memberships = Table(
@@ -137,6 +144,7 @@ iam_memberships = Table(
     Column("project_id", UUID(as_uuid=True)),
     Column("revoked", Boolean, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger),  # envelope `sequence` of the state held (kit.iam)
 )
 
 iam_service_accounts = Table(
@@ -149,4 +157,18 @@ iam_service_accounts = Table(
     Column("scopes", ARRAY(Text), nullable=False),
     Column("disabled", Boolean, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger),  # envelope `sequence` of the state held (kit.iam)
+)
+
+# --- revocations, fed by gpuaas.identity.v1 (see kit.revocation) ---
+
+revocations = Table(
+    "revocations",
+    kit_metadata,
+    Column("kind", Text, nullable=False),  # session (key: sid) | subject (key: user/SA id) | access (wake only)
+    Column("key", UUID(as_uuid=True), nullable=False),
+    Column("not_before", DateTime(timezone=True)),  # subject: tokens issued before are refused
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.clock_timestamp()),
+    PrimaryKeyConstraint("kind", "key"),
+    Index("ix_revocations_updated_at", "updated_at"),
 )

@@ -12,10 +12,41 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from gpuaas.contracts import TOPICS
 from gpuaas.kit.app import KitRuntime, ServiceSpec, create_app
+from gpuaas.kit.event_signing import EventSigner, generate_seed, public_of
 from gpuaas.kit.migrate import upgrade
 from gpuaas.kit.provision import ensure_service_schema
+from gpuaas.kit.secrets_at_rest import generate_key_text
 from gpuaas.kit.settings import ServiceSettings
+
+# Keys of this test process (random per run, never a published default): the secrets keyring, and an
+# envelope signing key per producing service, whose public halves every test app trusts.
+TEST_SECRETS_KEYS = generate_key_text("test")
+_TEST_SEEDS: dict[str, str] = {}
+
+
+def event_seed_of(service: str) -> str:
+    return _TEST_SEEDS.setdefault(service, generate_seed())
+
+
+def event_signer_of(service: str) -> EventSigner:
+    """The signer test helpers use to put `service`'s events on the broker (gpuaas.kit.testing_events)."""
+    return EventSigner(event_seed_of(service))
+
+
+def trusted_event_keys() -> str:
+    owners = sorted({t.owner for t in TOPICS.values() if t.owner != "*"})
+    return ",".join(f"{o}:{public_of(event_seed_of(o))}" for o in owners)
+
+
+def key_settings(service: str) -> dict[str, str]:
+    """The key settings a test app of `service` starts with."""
+    return {
+        "secrets_keys": TEST_SECRETS_KEYS,
+        "event_signing_key": event_seed_of(service),
+        "event_verify_keys": trusted_event_keys(),
+    }
 
 
 async def new_service_db(admin_url: str, prefix: str, spec: ServiceSpec | None = None) -> tuple[str, str]:
@@ -44,7 +75,7 @@ async def service_app(spec: ServiceSpec, admin_url: str, bootstrap: str, **overr
         kafka_session_timeout_ms=6000,
         outbox_poll_interval_s=0.5,
         log_json=False,
-        **overrides,
+        **{**key_settings(spec.name), **overrides},
     )
     return create_app(settings, spec)
 
@@ -58,7 +89,7 @@ def settings_for(name: str, url: str, bootstrap: str, **overrides: Any) -> Servi
         kafka_session_timeout_ms=6000,
         outbox_poll_interval_s=0.5,
         log_json=False,
-        **overrides,
+        **{**key_settings(name), **overrides},
     )
 
 

@@ -25,6 +25,7 @@ from gpuaas.contracts.enums import MembershipScope, Role
 from gpuaas.contracts.events import identity as identity_events
 from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.consumer import run_handlers
+from gpuaas.kit.testing import event_signer_of
 
 IDENTITY = "identity"
 
@@ -54,11 +55,19 @@ async def publish(bootstrap: str, events: Sequence[Event], security: Mapping[str
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **(security or {}))
     await producer.start()
     try:
-        sent = [await producer.send(topic_of(e).name, e.model_dump_json().encode(), key=e.key()) for e in events]
+        sent = [await producer.send(topic_of(e).name, signed_payload(e), key=e.key()) for e in events]
         for ack in sent:
             await ack
     finally:
         await producer.stop()
+
+
+def signed_payload(event: Event) -> bytes:
+    """The bytes the event's producer would publish: signed with the test key of the topic's owner (as its
+    relay signs), so that test apps, which trust the test keys, accept it."""
+    owner = topic_of(event).owner
+    payload = event.model_dump_json().encode()
+    return payload if owner == "*" else event_signer_of(owner).sign_payload(payload)
 
 
 # ---------------------------------------------------------------------------- identity, as services see it
@@ -117,5 +126,6 @@ __all__ = [
     "project_created",
     "publish",
     "service_account_created",
+    "signed_payload",
     "tenant_created",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuaas.sdk.models import Allocation, AllocationTimelineEntry, SshGrant, SshKey, Volume
+from gpuaas.sdk.models import Allocation, AllocationTimelineEntry, RuntimeOption, SshGrant, SshKey, Volume
 from gpuaas.sdk.transport import Id, Transport, s
 
 ALLOCATIONS = "/api/allocations"
@@ -17,6 +17,13 @@ class AllocationsApi(Transport):
 
     # --- allocations ---
 
+    async def runtimes(self, project_id: Id | None = None) -> list[RuntimeOption]:
+        """Runtime images a new allocation may name in `runtime` (newest version first per slug); with
+        `project_id`, also the canaries offered to the project's tenant."""
+        params = None if project_id is None else {"project_id": s(project_id)}
+        data = await self.request("GET", f"{ALLOCATIONS}/runtimes", params=params)
+        return [RuntimeOption.model_validate(r) for r in data]
+
     async def create_allocation(
         self,
         project_id: Id,
@@ -27,9 +34,12 @@ class AllocationsApi(Transport):
         gpu_count: int | None = None,
         host_class: str | None = None,
         volume_ids: Sequence[Id] = (),
+        runtime: str | None = None,
         idempotency_key: str | None = None,
     ) -> Allocation:
-        body = {
+        """`runtime`: the runtime image, as "slug" (its newest active version), "slug@version" or
+        "sha256:<hex>" (an active runtime's digest); None lets the host class / platform default apply."""
+        body: dict[str, Any] = {
             "name": name,
             "shape": shape,
             "gpu_model": gpu_model,
@@ -37,6 +47,8 @@ class AllocationsApi(Transport):
             "host_class": host_class,
             "volume_ids": [str(v) for v in volume_ids],
         }
+        if runtime is not None:  # only when chosen: the body stays what older platforms accept
+            body["runtime"] = runtime
         data = await self.request(
             "POST", f"{ALLOCATIONS}/projects/{project_id}/allocations", json=body, idempotency_key=idempotency_key
         )

@@ -77,6 +77,14 @@ class Project(_Model):
     archived: bool
 
 
+class AllocationLimits(_Model):
+    """Resource limits of an allocation's container (from its host class, else its share of the host)."""
+
+    cpus: float
+    memory_mb: int
+    pids: int
+
+
 class AllocationStatus(StrEnum):
     """Allocation lifecycle (ARCHITECTURE §6). requested → provisioning → active ⇄ restarting | resizing → releasing
     → released; `failed` when provisioning fails; `release_failed` when release fails (billing has already stopped
@@ -99,6 +107,15 @@ class CapacityShape(StrEnum):
 
     baremetal = "baremetal"
     gpu_slice = "gpu_slice"
+
+
+class RuntimeRef(_Model):
+    """The runtime image an allocation's container runs, pinned by digest (a catalog `runtime` artifact)."""
+
+    slug: str
+    version: str
+    image: str
+    digest: str
 
 
 class SshEndpoint(_Model):
@@ -141,9 +158,13 @@ class Allocation(_Model):
     release_attempts: int = 0
     attention: str | None = None
     version: int
+    runtime: RuntimeRef | None = None
+    driver: Literal["container", "process"] | None = None
+    limits: AllocationLimits | None = None
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str
     awaiting_release_clearance: bool = False
+    release_evidence: dict[str, Any] | None = None
 
 
 class AllocationTimelineEntry(_Model):
@@ -204,6 +225,15 @@ class Volume(_Model):
     attachments: list[VolumeAttachment] = Field(default_factory=list)
     version: int
     after_release: str
+
+
+class RuntimeOption(_Model):
+    slug: str
+    version: str
+    image: str
+    digest: str
+    display_name: str
+    state: str
 
 
 class Manifest(_Model):
@@ -473,6 +503,7 @@ class Costs(_Model):
 
 __all__ = [
     "Allocation",
+    "AllocationLimits",
     "AllocationStatus",
     "AllocationTimelineEntry",
     "Artifact",
@@ -502,6 +533,8 @@ __all__ = [
     "Project",
     "ProjectCost",
     "Role",
+    "RuntimeOption",
+    "RuntimeRef",
     "SshEndpoint",
     "SshGrant",
     "SshKey",

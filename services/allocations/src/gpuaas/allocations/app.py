@@ -22,6 +22,7 @@ SPEC = ServiceSpec(
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,
     on_startup=[start_runtime],
+    secrets_at_rest=True,  # the terminal SSH CA key
     background=[reconciler, listen_for_tasks],
     metrics=AllocationsMetrics,
     description="GPU hosts, placement, the allocation lifecycle, SSH access, storage and the browser terminal.",

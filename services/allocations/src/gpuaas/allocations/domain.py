@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -135,3 +136,77 @@ def allocation_after_release(volumes: list[tuple[str, bool]]) -> str:
     if not volumes:
         parts.append("no volume is attached, so nothing persists")
     return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------- isolation
+
+DEFAULT_RUNTIME = "gpuaas-base"  # the platform default on container hosts when the class names none
+DEFAULT_PIDS_LIMIT = 4096
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """What a create's `runtime` names: a slug (its newest offered version), slug@version, or a digest."""
+
+    slug: str | None = None
+    version: str | None = None
+    digest: str | None = None
+
+
+def parse_runtime_spec(value: str) -> RuntimeSpec:
+    value = value.strip()
+    if _DIGEST.match(value):
+        return RuntimeSpec(digest=value)
+    slug, _, version = value.partition("@")
+    if not _SLUG.match(slug) or (version == "" and "@" in value):
+        raise Unprocessable(
+            f"runtime {value!r} is not a runtime slug, slug@version or sha256:<64 hex> digest",
+            code="runtime_unavailable",
+        )
+    return RuntimeSpec(slug=slug, version=version or None)
+
+
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Order versions the semver way for "newest": numeric parts numerically, a release after its pre-release."""
+    core, _, pre = version.partition("-")
+    parts: list[tuple[int, int | str]] = [(0, int(p)) if p.isdigit() else (1, p) for p in core.split(".")]
+    parts.append((1, "~") if not pre else (0, pre))  # "~" sorts after any pre-release tag
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class ClassFigures:
+    """A host class's figures per GPU (None: not set, the host's share applies) and its pids limit."""
+
+    cpus_per_gpu: float | None = None
+    memory_mb_per_gpu: int | None = None
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+
+
+def allocation_limits(
+    figures: ClassFigures | None, *, gpu_count: int, host_cpus: int | None, host_memory_mb: int | None, host_gpus: int
+) -> dict[str, float | int] | None:
+    """CPU and memory of an allocation's container: the class figures x its GPUs where the class sets
+    them, else its share of the host (host figure x gpus / host GPUs). None when neither is known."""
+    figures = figures or ClassFigures()
+    share = gpu_count / host_gpus if host_gpus > 0 else 1.0
+    cpus: float | None = (
+        figures.cpus_per_gpu * gpu_count
+        if figures.cpus_per_gpu is not None
+        else (host_cpus * share if host_cpus else None)
+    )
+    memory: int | None = (
+        figures.memory_mb_per_gpu * gpu_count
+        if figures.memory_mb_per_gpu is not None
+        else (int(host_memory_mb * share) if host_memory_mb else None)
+    )
+    if cpus is None or memory is None or cpus <= 0 or memory <= 0:
+        return None
+    return {"cpus": round(cpus, 3), "memory_mb": memory, "pids": figures.pids_limit}
+
+
+def tenancy_allows(*, isolates_tenants: bool, shared_tenancy_allowed: bool, other_tenants_present: bool) -> bool:
+    """A host that does not isolate tenants takes one tenant at a time, unless an operator allowed sharing."""
+    return isolates_tenants or shared_tenancy_allowed or not other_tenants_present

@@ -3,6 +3,9 @@
 - access grants: the instance controller's public key becomes SSH grants on the listed allocations;
 - members: a projection of which allocations carry live app members (release saga);
 - release clearance: app-runtime stopped the members on an allocation: the release proceeds.
+
+And from catalog: runtime manifests and the artifacts they pin (what allocation create resolves
+`runtime` against, without calling catalog).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import service
 from gpuaas.contracts.events import app_runtime as app_runtime_events
+from gpuaas.contracts.events import catalog as catalog_events
 from gpuaas.kit.subscriptions import Subscriptions
 
 subscriptions = Subscriptions()
@@ -36,3 +40,15 @@ async def on_release_clearance(session: AsyncSession, e: app_runtime_events.Rele
     d = e.data
     note = f"app-runtime stopped {len(d.stopped_member_ids)} member(s)" + (" (forced)" if d.forced else "")
     await service.clearance_granted(session, d.allocation_id, forced=d.forced, note=note)
+
+
+@subscriptions.on(catalog_events.AppRegistered, catalog_events.AppUpdated, catalog_events.AppDeprecated)
+async def on_manifest(session: AsyncSession, e: catalog_events.AppRegistered) -> None:
+    await service.record_runtime_manifest(session, e.data, deprecated=e.type == "app.deprecated")
+
+
+@subscriptions.on(
+    catalog_events.ArtifactRegistered, catalog_events.ArtifactUpdated, catalog_events.ArtifactTransitioned
+)
+async def on_artifact(session: AsyncSession, e: catalog_events.ArtifactRegistered) -> None:
+    await service.record_artifact(session, e.data)

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -50,6 +51,58 @@ hosts = Table(
     Column("ssh_port", Integer),
     # Status to return to when heartbeats resume (ready or cordoned).
     Column("status_before_unreachable", Text),
+    # What the agent reports at registration: its runtime driver and whether it separates tenants.
+    Column("driver", Text),
+    Column("isolates_tenants", Boolean, nullable=False, server_default="false"),
+    # Operator override (audited): several tenants may share this host although it does not isolate them.
+    Column("shared_tenancy_allowed", Boolean, nullable=False, server_default="false"),
+    Column("cpu_count", Integer),
+    Column("memory_mb", Integer),
+    # The SSH host key of the agent's endpoint, pinned at enrolment or first registration (ssh_host and
+    # ssh_port likewise): a later registration cannot move them; an operator re-enrolment resets them.
+    Column("ssh_host_key", Text),
+    Column("ssh_host_key_fingerprint", Text),
+)
+
+# Operator-defined host classes: the default runtime of allocations placed on their hosts and the
+# resource figures per GPU their containers are limited to.
+host_classes = Table(
+    "host_classes",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("default_runtime", Text),
+    Column("cpus_per_gpu", Float),
+    Column("memory_mb_per_gpu", Integer),
+    Column("pids_limit", Integer, nullable=False, server_default="4096"),
+    Column("version", Integer, nullable=False, server_default="1"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Projection of the catalog topic: manifests of kind `runtime` and the artifacts they pin. Allocation
+# create resolves its `runtime` here (no call to catalog); newer counters win (revision / version).
+catalog_runtimes = Table(
+    "catalog_runtimes",
+    metadata,
+    Column("manifest_id", UUID(as_uuid=True), primary_key=True),
+    Column("slug", Text, nullable=False, index=True),
+    Column("app_version", Text, nullable=False),
+    Column("display_name", Text, nullable=False, server_default=""),
+    Column("active", Boolean, nullable=False),
+    Column("deprecated", Boolean, nullable=False),
+    Column("artifact_ref", Text, nullable=False),
+    Column("artifact_id", UUID(as_uuid=True)),
+    Column("revision", Integer, nullable=False),
+)
+
+catalog_artifacts = Table(
+    "catalog_artifacts",
+    metadata,
+    Column("artifact_id", UUID(as_uuid=True), primary_key=True),
+    Column("ref", Text, nullable=False, index=True),
+    Column("digest", Text, nullable=False, index=True),
+    Column("state", Text, nullable=False),
+    Column("canary_tenants", JSONB, nullable=False, server_default="[]"),
+    Column("version", Integer, nullable=False),
 )
 
 allocations = Table(
@@ -84,6 +137,12 @@ allocations = Table(
     # Release saga: set while waiting for app-runtime's release clearance (members on it).
     Column("awaiting_clearance_since", DateTime(timezone=True)),
     Column("version", Integer, nullable=False, server_default="1"),
+    # The runtime image ({slug, version, image, digest}) and limits of the container (null on a
+    # process-driver host), the host's driver, and what the agent checked at release.
+    Column("runtime", JSONB),
+    Column("driver", Text),
+    Column("limits", JSONB),
+    Column("release_evidence", JSONB),
     # The list endpoints: newest first, per project or across the principal's projects.
     Index("ix_allocations_project_requested", "project_id", text("requested_at DESC"), text("allocation_id DESC")),
     Index("ix_allocations_requested", text("requested_at DESC"), text("allocation_id DESC")),

@@ -40,6 +40,9 @@ class Allocation(AllocationState):
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str = Field(description="what persists after this allocation is released")
     awaiting_release_clearance: bool = False
+    release_evidence: dict[str, Any] | None = Field(
+        default=None, description="what the host agent checked when it released the allocation (its own keys)"
+    )
 
 
 class TimelineEntry(BaseModel):
@@ -84,3 +87,4 @@ class TerminalTarget:
     host: str
     port: int
     username: str
+    host_key: str | None = None  # the pinned SSH host key (OpenSSH line); the terminal refuses any other

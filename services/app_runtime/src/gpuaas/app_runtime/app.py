@@ -23,6 +23,7 @@ SPEC = ServiceSpec(
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,
     on_startup=[start_runtime_state],
+    secrets_at_rest=True,  # credential custody's key-encryption keys
     background=[reconciler],
     metrics=AppRuntimeMetrics,
     description="App instances, members, member operations, the controller API and access credentials.",

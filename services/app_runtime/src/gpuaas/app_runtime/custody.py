@@ -3,8 +3,10 @@
 Two backends behind one interface:
 - `SchemaCustody`: envelope encryption in this service's schema. Each private key is encrypted with
   its own random 256-bit data key (AES-GCM, the credential id as associated data); the data key is
-  wrapped with the key-encryption key from settings (AES-GCM, same associated data). Only
-  ciphertext, nonces, the wrapped data key and the KEK id are stored.
+  wrapped with the key-encryption key (AES-GCM, same associated data). Only ciphertext, nonces, the
+  wrapped data key and the KEK id are stored. The KEKs are the operator's keyring (GPUAAS_SECRETS_KEYS,
+  or an explicit GPUAAS_APP_RUNTIME_CREDENTIAL_KEK): the first seals, every key of the ring opens what it
+  sealed (rotation). There is no default key: without one the service does not start.
 - `VaultCustody`: HashiCorp Vault KV v2 through hvac (used where `credential_backend = "vault"`).
   The write happens before the database transaction (never a network call inside it).
 
@@ -15,7 +17,6 @@ and only `open()` (the controller's credential fetch) turns it back into the key
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import uuid
 from dataclasses import dataclass
@@ -24,9 +25,10 @@ from typing import Any, Protocol
 import asyncssh
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from gpuaas.app_runtime.settings import DEV_KEK, Settings
+from gpuaas.app_runtime.settings import Settings
 from gpuaas.kit.errors import Unavailable
 from gpuaas.kit.logging import get_logger
+from gpuaas.kit.secrets_at_rest import Keyring, SecretsKeyError
 
 log = get_logger(__name__)
 
@@ -81,12 +83,15 @@ class Custody(Protocol):
 
 
 class SchemaCustody:
-    def __init__(self, kek_b64: str, kek_id: str) -> None:
-        kek = base64.b64decode(kek_b64)
-        if len(kek) != 32:
-            raise ValueError("credential_kek must be the base64 of 32 bytes")
-        self._kek = AESGCM(kek)
-        self.kek_id = kek_id
+    def __init__(self, keyring: Keyring) -> None:
+        self._keks = {kid: AESGCM(key) for kid, key in keyring.keys.items()}
+        self.kek_id = keyring.primary
+        self._kek = self._keks[self.kek_id]
+
+    @classmethod
+    def from_kek(cls, kek_b64: str, kek_id: str) -> SchemaCustody:
+        """One explicit KEK (GPUAAS_APP_RUNTIME_CREDENTIAL_KEK); a published key is refused."""
+        return cls(Keyring.parse(f"{kek_id}:{kek_b64}", source="GPUAAS_APP_RUNTIME_CREDENTIAL_KEK"))
 
     async def seal(self, credential_id: uuid.UUID, private_key: str) -> Sealed:
         aad = credential_id.bytes
@@ -102,12 +107,13 @@ class SchemaCustody:
         )
 
     async def open(self, credential_id: uuid.UUID, sealed: Sealed) -> str:
-        if sealed.kek_id != self.kek_id:
+        kek = self._keks.get(sealed.kek_id or "")
+        if kek is None:
             raise Unavailable(f"credential sealed with unknown key {sealed.kek_id}", code="credential_key_unavailable")
         # sealed by this custody (its key id): every part of the envelope is there
         assert sealed.dek_nonce and sealed.wrapped_dek and sealed.nonce and sealed.ciphertext is not None
         aad = credential_id.bytes
-        dek = self._kek.decrypt(sealed.dek_nonce, sealed.wrapped_dek, aad)
+        dek = kek.decrypt(sealed.dek_nonce, sealed.wrapped_dek, aad)
         return AESGCM(dek).decrypt(sealed.nonce, sealed.ciphertext, aad).decode()
 
 
@@ -147,7 +153,9 @@ class VaultCustody:
         return str(answer["data"]["data"]["private_key"])
 
 
-def make_custody(settings: Settings) -> Custody:
+def make_custody(settings: Settings, keyring: Keyring | None = None) -> Custody:
+    """The configured backend. `schema` seals under GPUAAS_APP_RUNTIME_CREDENTIAL_KEK when set, else under the
+    service's keyring (GPUAAS_SECRETS_KEYS); with neither it refuses to start (no default key, issue 17)."""
     if settings.credential_backend == "vault":
         if settings.vault_token is None:
             raise ValueError("credential_backend=vault needs vault_token")
@@ -158,6 +166,10 @@ def make_custody(settings: Settings) -> Custody:
             settings.vault_path_prefix,
         )
     kek = settings.credential_kek.get_secret_value()
-    if kek == DEV_KEK:
-        log.warning("credential_kek_is_the_development_default", hint="set GPUAAS_APP_RUNTIME_CREDENTIAL_KEK")
-    return SchemaCustody(kek, settings.credential_kek_id)
+    if kek:
+        return SchemaCustody.from_kek(kek, settings.credential_kek_id)
+    if keyring is None:
+        raise SecretsKeyError(
+            "credential custody `schema` needs GPUAAS_SECRETS_KEYS or GPUAAS_APP_RUNTIME_CREDENTIAL_KEK"
+        )
+    return SchemaCustody(keyring)

@@ -18,4 +18,4 @@ class AppRuntimeState:
 
 async def start_runtime_state(kit: KitRuntime) -> None:
     """on_startup hook: the custody backend the settings choose."""
-    kit.state = AppRuntimeState(custody=make_custody(kit.settings_as(Settings)))
+    kit.state = AppRuntimeState(custody=make_custody(kit.settings_as(Settings), kit.keyring))

@@ -6,10 +6,6 @@ from pydantic import SecretStr
 
 from gpuaas.kit.settings import ServiceSettings, service_config
 
-# Local-development key-encryption key (base64 of 32 bytes). Production sets its own
-# (GPUAAS_APP_RUNTIME_CREDENTIAL_KEK) or uses Vault; the service logs a warning while this one is used.
-DEV_KEK = "ZGV2LW9ubHkta2VrLWRvLW5vdC11c2UtaW4tcHJvZCE="
-
 
 class Settings(ServiceSettings):
     model_config = service_config("app_runtime")
@@ -27,7 +23,8 @@ class Settings(ServiceSettings):
     # Access credential custody: "schema" (AES-256-GCM envelope encryption in this service's schema)
     # or "vault" (HashiCorp Vault KV v2 through hvac).
     credential_backend: Literal["schema", "vault"] = "schema"
-    credential_kek: SecretStr = SecretStr(DEV_KEK)
+    # Empty: the service's keyring (GPUAAS_SECRETS_KEYS) wraps the data keys. There is no default key.
+    credential_kek: SecretStr = SecretStr("")
     credential_kek_id: str = "kek-1"
     vault_url: str = "http://127.0.0.1:8200"
     vault_token: SecretStr | None = None

@@ -17,7 +17,8 @@ from gpuaas.gateway.runtime import GatewayRuntime
 from gpuaas.gateway.upstreams import Upstream, is_public, segments
 from gpuaas.kit import context
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import Problem, TooManyRequests, Unauthorized, Unavailable, problem_response
+from gpuaas.kit.client_address import client_address, forwarded_chain, is_trusted
+from gpuaas.kit.errors import NotFound, Problem, TooManyRequests, Unauthorized, Unavailable, problem_response
 from gpuaas.kit.logging import get_logger
 
 log = get_logger(__name__)
@@ -77,13 +78,9 @@ def find_token(headers: Mapping[str, str], query: Mapping[str, str], rest: str) 
     return None, False
 
 
-def client_ip(peer: str | None, forwarded_for: str | None, trusted: frozenset[str]) -> str:
-    """The caller's address: the peer, or, behind a trusted proxy, the last untrusted X-Forwarded-For hop."""
-    if peer in trusted and forwarded_for:
-        for hop in reversed([h.strip() for h in forwarded_for.split(",") if h.strip()]):
-            if hop not in trusted:
-                return hop
-    return peer or "unknown"
+def client_ip(peer: str | None, forwarded_for: str | None, trusted: Iterable[str]) -> str:
+    """The caller's address: the peer, or, behind a trusted proxy, the right-most untrusted X-Forwarded-For hop."""
+    return client_address(peer, forwarded_for, trusted)
 
 
 async def admit(
@@ -97,7 +94,9 @@ async def admit(
 ) -> Admission:
     """Authenticate (unless public) and rate-limit one request or WebSocket upgrade."""
     check_path(rest)
-    ip = client_ip(peer, headers.get("x-forwarded-for"), frozenset(rt.settings.trusted_proxies))
+    if segments(rest) == ["metrics"]:  # a service's metrics are for the in-cluster scraper, not the API
+        raise NotFound("No route at this path.", code="not_found")
+    ip = client_ip(peer, headers.get("x-forwarded-for"), rt.settings.trusted_proxies)
     principal: Principal | None = None
     query_token: str | None = None
     # A CORS preflight never carries credentials; the upstream answers it.
@@ -152,11 +151,16 @@ def upstream_request_headers(
     *,
     peer: str | None,
     scheme: str,
-    trusted_peer: bool,
+    trusted: Iterable[str],
     query_token: str | None,
     drop: frozenset[str] = frozenset(),
 ) -> list[tuple[str, str]]:
     """The client's headers minus hop-by-hop ones, plus X-Forwarded-* and X-Correlation-ID.
+
+    X-Forwarded-For is the chain cut to start at the client's address (`forwarded_chain`): hops a client
+    wrote itself never reach a service (whose audit records and login throttle read the chain); from a
+    peer that is not a trusted proxy, only the peer. X-Forwarded-Proto/-Host are believed only from a
+    trusted proxy.
 
     Authorization passes through unchanged; a token that came as ?access_token= is sent as a header.
     """
@@ -171,7 +175,8 @@ def upstream_request_headers(
         elif name not in skip:
             out.append((name, value))
     host = (seen.get("host") or [""])[0]
-    chain = [*seen.get("x-forwarded-for", []), peer or "unknown"]
+    trusted_peer = is_trusted(peer, trusted)
+    chain = forwarded_chain(peer, seen.get("x-forwarded-for", []), trusted)
     proto = "https" if scheme in ("https", "wss") else "http"
     if trusted_peer:
         proto = (seen.get("x-forwarded-proto") or [proto])[0]

@@ -132,7 +132,7 @@ async def proxy_http(request: Request) -> Response:
         request.scope["headers"],
         peer=peer,
         scheme=request.url.scheme,
-        trusted_peer=peer in rt.settings.trusted_proxies,
+        trusted=rt.settings.trusted_proxies,
         query_token=admission.query_token,
     )
     try:

@@ -5,7 +5,7 @@ The gateway has no database and no broker: the inherited database/Kafka fields a
 
 from __future__ import annotations
 
-from pydantic import field_validator
+from pydantic import SecretStr, field_validator
 
 from gpuaas.gateway import SERVICE
 from gpuaas.kit.settings import ServiceSettings, service_config
@@ -44,8 +44,22 @@ class Settings(ServiceSettings):
     rate_limit_burst: int = 100
     rate_limit_prune_interval_s: float = 60.0
 
-    # Peers whose X-Forwarded-For/-Proto/-Host are believed (a load balancer in front). Empty: none.
+    # Proxies whose X-Forwarded-For/-Proto/-Host are believed (a load balancer in front): addresses or CIDR
+    # networks. Empty: none (a client's own X-Forwarded-For is then dropped, never passed on).
     trusted_proxies: list[str] = []
+
+    # /metrics: with a token, only `Authorization: Bearer <token>`; without one, only a direct (not proxied:
+    # no X-Forwarded-For) caller from metrics_networks (the cluster's scraper). docs/decisions.md.
+    metrics_token: SecretStr | None = None
+    # Networks a direct /metrics caller may come from when no metrics_token is set (default: loopback, private).
+    metrics_networks: list[str] = [
+        "127.0.0.0/8",
+        "::1/128",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "fc00::/7",
+    ]
 
     # Verified tokens remembered (LRU) until they expire or the JWKS is refreshed (tokens.py); 0: no cache.
     token_cache_entries: int = 10_000

@@ -3,7 +3,8 @@
 A token that verified is remembered, keyed by the token string, with its principal, its `exp` and the JWKS
 key set it verified against. A later request with the same token is answered from the cache only while
 
-- the token has not expired (the same test as the verifier: `exp` > now, whole seconds), and
+- the token has not expired (the same test as the verifier: `exp` + its clock-skew leeway > now, whole
+  seconds), and
 - the JWKS cache still holds that same key set (a refresh, every `jwks_ttl_s`, or a rotation forced by an
   unknown `kid`, drops every entry verified against the old keys: a removed key stops working exactly when
   it would without the cache).
@@ -23,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from gpuaas.kit.auth import Principal, TokenVerifier
+from gpuaas.kit.auth import CLOCK_SKEW_LEEWAY_S, Principal, TokenVerifier
 from gpuaas.kit.errors import Unavailable
 
 
@@ -51,7 +52,7 @@ class CachedVerifier:
         if entry is not None:
             principal, exp, keys = entry
             # keys(): no fetch while the JWKS is fresh; after a refresh it is another KeySet object.
-            if exp > int(self._clock()) and keys is await self.jwks.keys():
+            if exp + CLOCK_SKEW_LEEWAY_S > int(self._clock()) and keys is await self.jwks.keys():
                 self._entries.move_to_end(token)
                 self.hits += 1
                 return principal

@@ -70,7 +70,7 @@ async def proxy_websocket(websocket: WebSocket, rt: Gateway, service: str, path:
         websocket.scope["headers"],
         peer=peer,
         scheme=websocket.url.scheme,
-        trusted_peer=peer in rt.settings.trusted_proxies,
+        trusted=rt.settings.trusted_proxies,
         query_token=admission.query_token,
         drop=HANDSHAKE,
     )

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from gpuaas.identity import SERVICE, keys
+from gpuaas.identity import SERVICE, dns_checks, keys
 from gpuaas.identity.api import routers
 from gpuaas.identity.handlers import subscriptions
 from gpuaas.identity.idp import IdpMetadata
@@ -15,6 +15,7 @@ from gpuaas.identity.settings import Settings
 from gpuaas.kit.app import KitRuntime, ServiceSpec
 from gpuaas.kit.app import create_app as kit_create_app
 from gpuaas.kit.logging import get_logger
+from gpuaas.kit.outbound import OutboundPolicy
 
 log = get_logger(__name__)
 
@@ -23,8 +24,21 @@ async def _bootstrap(kit: KitRuntime) -> None:
     """Build the runtime state; make sure a signing key exists and the first operator is there
     (idempotent, race-safe)."""
     settings = kit.settings_as(Settings)
-    kit.state = IdentityRuntime(idp_metadata=IdpMetadata(settings.idp_timeout_s))
+    resolver = dns_checks.resolver_for(settings)
+    policy = OutboundPolicy(
+        allowed_networks=tuple(settings.idp_allowed_networks),
+        plain_http_hosts=tuple(settings.idp_plain_http_hosts),
+        connect_timeout_s=min(3.0, settings.idp_timeout_s),
+        read_timeout_s=settings.idp_timeout_s,
+        deadline_s=settings.idp_timeout_s,
+        max_body_bytes=settings.idp_max_response_bytes,
+        resolver=dns_checks.address_resolver(resolver) if settings.dns_nameservers else None,
+    )
+    kit.state = IdentityRuntime(idp_metadata=IdpMetadata(policy), resolver=resolver)
     async with kit.sessions() as session, session.begin():
+        sealed = await keys.seal_at_rest(session)  # clear rows of older versions; rows of a rotated-out key
+        if sealed:
+            log.info("secrets_sealed_at_rest", rows=sealed)
         await keys.ensure_signing_key(session)
         if settings.bootstrap_admin_email and settings.bootstrap_admin_password:
             created = await users.bootstrap_admin(
@@ -42,6 +56,7 @@ SPEC = ServiceSpec(
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,
     on_startup=[_bootstrap],
+    secrets_at_rest=True,
     description="Tenants, projects, users, memberships, service accounts, tokens and the audit store.",
 )
 

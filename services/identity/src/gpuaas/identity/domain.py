@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 
@@ -85,6 +85,29 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}".lower()
 
 
+def _is_api_path(path: str) -> bool:
+    """Whether `path` reaches the API (`/api`, `/api/...`) as a server would route it: percent-escapes
+    decoded (repeatedly: `%2561` is `%61` is `a`), empty and dot segments resolved, case ignored. A path
+    that still has an escape after a few rounds is treated as the API (refused): no console page needs one."""
+    for _ in range(3):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    else:
+        return True
+    segments: list[str] = []
+    for seg in path.replace("\\", "/").split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if segments:
+                segments.pop()
+            continue
+        segments.append(seg)
+    return bool(segments) and segments[0].strip().lower() == "api"
+
+
 def validate_return_to(settings: Settings, value: str) -> str:
     """Where a finished SSO login may send the browser (never an open redirect):
     - the platform's own origin (that of `public_url`, or one of `sso_return_origins`), outside `/api/`:
@@ -105,7 +128,7 @@ def validate_return_to(settings: Settings, value: str) -> str:
         raise InvalidReturnTo("return_to must be an http(s) URL without credentials")
     allowed = {_origin(settings.public_url), *(_origin(o) for o in settings.sso_return_origins)}
     if _origin(value) in allowed:
-        if parts.path == "/api" or parts.path.startswith("/api/"):
+        if _is_api_path(parts.path):
             raise InvalidReturnTo("return_to must be a console page, not an API path")
         return value
     if parts.scheme == "http" and parts.hostname in ("127.0.0.1", "::1") and port is not None:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
@@ -185,11 +186,18 @@ identity_providers = Table(
 )
 
 # A domain is owned by exactly one identity provider (so by one tenant): the primary key enforces it.
+# A tenant's claim of an email domain for its IdP. Claims are many until one is proven (DNS TXT
+# challenge, or an operator's attestation): a proven domain belongs to one IdP only (the partial
+# unique index), and only proven domains serve discovery, linking and enforced SSO.
 idp_domains = Table(
     "idp_domains",
     metadata,
     Column("domain", Text, primary_key=True),
-    Column("idp_id", UUID(as_uuid=True), ForeignKey("identity_providers.idp_id"), nullable=False, index=True),
+    Column("idp_id", UUID(as_uuid=True), ForeignKey("identity_providers.idp_id"), primary_key=True, index=True),
+    Column("challenge", Text, nullable=False),
+    Column("verified_at", DateTime(timezone=True)),
+    Column("verified_by", Text),
+    Index("ux_idp_domains_verified", "domain", unique=True, postgresql_where=text("verified_at IS NOT NULL")),
 )
 
 federated_identities = Table(
@@ -249,6 +257,8 @@ oauth_clients = Table(
     Column("name", Text, nullable=False),
     Column("secret_hash", Text),  # None: a public client (PKCE only)
     Column("redirect_uris", ARRAY(Text), nullable=False),
+    # A client of one tenant serves only that tenant's users; None: a platform-wide client.
+    Column("tenant_id", UUID(as_uuid=True), ForeignKey("tenants.tenant_id")),
     _ts("created_at"),
 )
 

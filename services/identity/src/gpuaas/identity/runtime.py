@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import dns.asyncresolver
+
 from gpuaas.identity.idp import IdpMetadata
 
 
@@ -11,3 +13,5 @@ from gpuaas.identity.idp import IdpMetadata
 class IdentityRuntime:
     # Discovery documents and JWKS of tenants' enterprise IdPs, cached across SSO logins.
     idp_metadata: IdpMetadata
+    # The operator's DNS resolver (domain-ownership challenges, IdP host addresses).
+    resolver: dns.asyncresolver.Resolver

@@ -24,15 +24,30 @@ class Settings(ServiceSettings):
     # Origins besides public_url's that may receive an SSO result (a console served elsewhere).
     # The CLI's loopback listener (http://127.0.0.1:<port>/...) is always allowed.
     sso_return_origins: list[str] = []
-    # Brute-force protection: per account (email) and per source address, over a sliding window.
+    # Brute-force protection (service/throttle.py), over a sliding window: per source address (any account),
+    # and per account from one source address (a backoff; the account itself is never locked).
     lockout_threshold: int = 5
     lockout_window_s: int = 900
     lockout_s: int = 300
     source_threshold: int = 50
-    # Peers whose X-Forwarded-For is believed (the gateway). Its last hop is the caller's address.
+    # Proxies whose X-Forwarded-For is believed (the gateway, a load balancer): addresses or CIDR networks.
+    # The caller is the right-most hop that is not one of them.
     trusted_proxies: list[str] = ["127.0.0.1", "::1"]
-    # Timeout of calls to enterprise identity providers (discovery, token exchange, JWKS).
+    # Calls to enterprise identity providers (discovery, token exchange, JWKS) go through the outbound
+    # guard (gpuaas.kit.outbound): each whole request within this many seconds.
     idp_timeout_s: float = 10.0
+    # The largest IdP response body read (discovery document, JWKS, token response); larger is a failure.
+    idp_max_response_bytes: int = 1 << 20
+    # CIDRs an IdP may be reached on although denied by default (loopback, private, link-local, shared,
+    # multicast, reserved and their IPv6 forms): e.g. an IdP inside the company network. Default: none.
+    idp_allowed_networks: list[str] = []
+    # Hosts (host or host:port) whose issuers may be plain http; every other issuer must be https.
+    idp_plain_http_hosts: list[str] = []
+    # DNS servers ("ip" or "ip:port") for domain-ownership TXT challenges and for resolving IdP hosts;
+    # empty: the system's resolver.
+    dns_nameservers: list[str] = []
+    # Timeout of one DNS lookup (all servers tried) through `dns_nameservers`.
+    dns_timeout_s: float = 3.0
     # First platform operator, created at first start when no user has this email.
     bootstrap_admin_email: str | None = None
     bootstrap_admin_password: SecretStr | None = None

@@ -1,4 +1,5 @@
-"""Metering's consumers: allocation lifecycle and host heartbeats (meters), app instances (attribution)."""
+"""Metering's consumers: allocation lifecycle and host heartbeats (meters), app instances and their members
+(attribution)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,8 @@ subscriptions.on(
     app_runtime_events.InstanceDecommissionFailed,
     app_runtime_events.InstanceFailed,
 )(service.apply_instance)
+subscriptions.on(
+    app_runtime_events.MemberAdded,
+    app_runtime_events.MemberUpdated,
+    app_runtime_events.MemberTombstoned,
+)(service.apply_member)

@@ -111,6 +111,15 @@ hosts = Table(
     Column("version", Integer, nullable=False),
 )
 
+# Projection of app-runtime's members: an app usage report naming a member must name one of its instance.
+members = Table(
+    "members",
+    metadata,
+    Column("member_id", UUID(as_uuid=True), primary_key=True),
+    Column("instance_id", UUID(as_uuid=True), nullable=False),
+    Column("version", Integer, nullable=False),
+)
+
 # Projection of app-runtime's instances: who an app usage event is attributed to, and its lifetime.
 instances = Table(
     "instances",

@@ -1,8 +1,9 @@
 """The golden path, entirely through the gateway, on the real stack with real Slurm.
 
 1. Platform admin creates a tenant and its admin; two GPU hosts enrol (real node agents, run as root
-   here so that allocations can run Slurm's daemons); SKUs are priced; the catalog's seed apps are
-   registered, verified against a real OCI registry, promoted to active and entitled.
+   with the process driver here so that allocations can run Slurm's daemons and reach each other); SKUs
+   are priced; the catalog's seed apps are registered, verified against a real OCI registry, promoted to
+   active and entitled.
 2. The tenant admin logs in, creates a project, adds two members, creates the controller's service
    account and binds it as the slurm-reference controller.
 3. A member adds an SSH key and creates two allocations; their timelines end `active`; SSH works;

@@ -10,13 +10,14 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import asyncssh
 
+from gpuaas.devstack.agents import agent_base_env, write_token_file
 from gpuaas.sdk import Client
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "slurmdbd", "mariadbd", "sacctmgr")
@@ -83,19 +84,23 @@ class Target:
     admin_login: tuple[str, str]
     root: Path
     logs_dir: Path
+    # The node agents' runtime driver settings (a Stack's `runtimes.agent_env()`); empty: the agent's defaults.
+    agent_env: dict[str, str] = field(default_factory=dict)
 
 
 def start_agent(stack: Target, token: str, name: str, gpus: str, **extra: str) -> subprocess.Popen:
+    """A node agent for host `name`, its node token in a 0600 file (never in its environment)."""
     state = stack.root / "agents" / name
     state.mkdir(parents=True, exist_ok=True)
     env = {
-        **os.environ,
+        **agent_base_env(),
         "GPUAAS_AGENT_SERVER_URL": stack.allocations_url,
-        "GPUAAS_AGENT_NODE_TOKEN": token,
+        "GPUAAS_AGENT_NODE_TOKEN_FILE": str(write_token_file(stack.root / "agents" / f"{name}.node-token", token)),
         "GPUAAS_AGENT_STATE_DIR": str(state),
         "GPUAAS_AGENT_GPUS": gpus,
         "GPUAAS_AGENT_PREFER_NVIDIA_SMI": "false",
         "GPUAAS_AGENT_LONG_POLL_S": "5",
+        **stack.agent_env,
         **extra,
     }
     log = open(stack.logs_dir / f"agent-{name}.log", "ab")  # noqa: SIM115 - handed to the child

@@ -70,7 +70,11 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
             json={"email": admin_email, "password": PASSWORD, "role": "tenant_admin"},
         )
         hosts = []
-        for i, extra in ((1, {}), (2, {"GPUAAS_AGENT_INJECT_FAILURES": "release:1"})):
+        # The process driver on purpose: Slurm's daemons run in the allocations and `srun -N2` spans two of
+        # them, which the container driver's network isolation does not allow yet (and the runtime images
+        # carry no Slurm). Everything else runs on container hosts (tests/isolation, the e2e stack's agents).
+        process = {"GPUAAS_AGENT_DRIVER": "process"}
+        for i, extra in ((1, process), (2, {**process, "GPUAAS_AGENT_INJECT_FAILURES": "release:1"})):
             h = await op.act("POST", "/api/allocations/hosts", json={"name": f"gp-{run}-{i}"})
             procs.append(start_agent(stack, h["node_token"], f"gp-{run}-{i}", f"1x{model}", **extra))
             hosts.append(h["host_id"])

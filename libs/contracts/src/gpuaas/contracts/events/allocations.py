@@ -19,7 +19,7 @@ from pydantic import Field
 
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape
 from gpuaas.contracts.envelope import Event, Payload
-from gpuaas.contracts.scalars import Timestamp
+from gpuaas.contracts.scalars import Digest, PinnedRef, Timestamp
 
 
 class HostStatus(StrEnum):
@@ -54,6 +54,35 @@ class HostState(Payload):
     last_heartbeat_at: Timestamp | None = None
     cordon_reason: str | None = None
     version: int = Field(ge=1)
+    driver: Literal["container", "process"] | None = Field(
+        default=None, description="the agent's runtime driver (None until an agent that reports it registers)"
+    )
+    isolates_tenants: bool = Field(default=False, description="the driver separates tenants sharing the host")
+    shared_tenancy_allowed: bool = Field(
+        default=False, description="operator override: several tenants may share this host although it does not isolate"
+    )
+    cpu_count: int | None = Field(default=None, ge=0)
+    memory_mb: int | None = Field(default=None, ge=0)
+    ssh_host_key_fingerprint: str | None = Field(
+        default=None, description="SHA256 fingerprint of the pinned SSH host key of the agent's endpoint"
+    )
+
+
+class RuntimeRef(Payload):
+    """The runtime image an allocation's container runs, pinned by digest (a catalog `runtime` artifact)."""
+
+    slug: str
+    version: str
+    image: PinnedRef
+    digest: Digest
+
+
+class AllocationLimits(Payload):
+    """Resource limits of an allocation's container (from its host class, else its share of the host)."""
+
+    cpus: float = Field(gt=0)
+    memory_mb: int = Field(ge=1)
+    pids: int = Field(ge=1)
 
 
 class SshEndpoint(Payload):
@@ -96,6 +125,9 @@ class AllocationState(Payload):
         default=None, description="a visible condition that needs attention, e.g. the host stopped heartbeating"
     )
     version: int = Field(ge=1)
+    runtime: RuntimeRef | None = Field(default=None, description="None on a process-driver host")
+    driver: Literal["container", "process"] | None = Field(default=None, description="the host's driver when placed")
+    limits: AllocationLimits | None = None
 
 
 class SshGrantState(Payload):

@@ -23,12 +23,14 @@ from gpuaas.contracts.scalars import Digest, PinnedRef, Timestamp
 
 class AppArtifactKind(StrEnum):
     """What an app manifest deploys: an OCI image, a launchable OCI workload, a controller
-    (clustered app driven through the runtime API) or a non-OCI blob."""
+    (clustered app driven through the runtime API), a non-OCI blob, or a runtime: the OCI image an
+    allocation's container is created from (chosen at allocation create, not deployed as an app)."""
 
     oci = "oci"
     launchable = "launchable"
     controller = "controller"
     blob = "blob"
+    runtime = "runtime"
 
 
 class ArtifactKind(StrEnum):

@@ -167,6 +167,14 @@ class ServiceAccountDisabled(Event):
     data: ServiceAccountState
 
 
+class ServiceAccountSecretRotated(Event):
+    """The account's secret was replaced: every token issued before this event is revoked in every service
+    (`gpuaas.kit.revocation`). The state is unchanged otherwise (the IAM projection ignores it)."""
+
+    type: Literal["service_account.secret_rotated"] = "service_account.secret_rotated"
+    data: ServiceAccountState
+
+
 class IdentityProviderCreated(Event):
     type: Literal["identity_provider.created"] = "identity_provider.created"
     data: IdentityProviderState
@@ -200,6 +208,7 @@ EVENTS: tuple[type[Event], ...] = (
     ServiceAccountCreated,
     ServiceAccountUpdated,
     ServiceAccountDisabled,
+    ServiceAccountSecretRotated,
     IdentityProviderCreated,
     IdentityProviderUpdated,
     FederatedIdentityLinked,

@@ -33,7 +33,7 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
 
 
 async def _main() -> None:
-    engine = create_async_engine(url, connect_args={"server_settings": {"search_path": schema}})
+    engine = create_async_engine(url, hide_parameters=True, connect_args={"server_settings": {"search_path": schema}})
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run)

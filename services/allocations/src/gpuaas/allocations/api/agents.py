@@ -1,6 +1,7 @@
 """The node agents' routes: they dial out with their node token (never a user JWT).
 
-    POST /agent/register        inventory + SSH endpoint; returns the platform SSH CA key
+    POST /agent/register        inventory, driver, SSH endpoint and host key (pinned at the first
+                                registration; 409 on a mismatch); returns the platform SSH CA key
     POST /agent/heartbeat
     GET  /agent/tasks?wait_s=   long-poll: leases the host's next tasks (in queue order)
     POST /agent/tasks/{id}/progress   a step of the task (timeline entry); extends the lease
@@ -46,6 +47,11 @@ async def register(kit: Kit, request: Request, body: Register) -> Registered:
             inventory_source=body.inventory_source,
             ssh_host=body.ssh_host,
             ssh_port=body.ssh_port,
+            driver=body.driver,
+            isolates_tenants=body.isolates_tenants,
+            cpu_count=body.cpu_count,
+            memory_mb=body.memory_mb,
+            ssh_host_key=body.ssh_host_key,
         )
     runtime.wakeups.notify(state.host_id)
     return Registered(

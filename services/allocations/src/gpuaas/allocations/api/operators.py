@@ -1,4 +1,5 @@
-"""Operators' routes: enrol hosts, rotate their node tokens, list, cordon, drain and uncordon them."""
+"""Operators' routes: enrol and re-enrol hosts, rotate their node tokens, list, cordon, drain and uncordon
+them, and the tenancy override of hosts that do not isolate tenants."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from gpuaas.allocations import service
-from gpuaas.allocations.api.schemas import CordonBody, Host, HostEnrol, HostEnrolment, enrolment
+from gpuaas.allocations.api.schemas import (
+    CordonBody,
+    Host,
+    HostEnrol,
+    HostEnrolment,
+    HostReenrol,
+    HostTenancy,
+    enrolment,
+)
 from gpuaas.allocations.runtime import AllocationsRuntime
 from gpuaas.contracts.events.allocations import HostState
 from gpuaas.kit.app import Kit
@@ -28,9 +37,42 @@ Operator = Annotated[Principal, Depends(require("allocations.host.read"))]
 async def enrol_host(kit: Kit, body: HostEnrol, principal: CurrentPrincipal) -> Any:
     async with kit.sessions() as session, session.begin():
         state, token = await service.enrol_host(
-            session, principal, name=body.name, host_class=body.host_class, labels=body.labels, gpus=body.gpus
+            session,
+            principal,
+            name=body.name,
+            host_class=body.host_class,
+            labels=body.labels,
+            gpus=body.gpus,
+            pins=body.pins(),
         )
     return enrolment(state, token)
+
+
+@router.post(
+    "/hosts/{host_id}/re-enrol",
+    response_model=HostEnrolment,
+    description="A new node token (shown once) and the pinned SSH endpoint and host key reset: to the ones given, "
+    "else the agent's next registration pins them. For a reinstalled host; audited.",
+    openapi_extra=action_doc("allocations.host.manage"),
+)
+async def reenrol_host(kit: Kit, host_id: uuid.UUID, body: HostReenrol, principal: CurrentPrincipal) -> Any:
+    async with kit.sessions() as session, session.begin():
+        state, token = await service.reenrol_host(session, principal, host_id, reason=body.reason, pins=body.pins())
+    return enrolment(state, token)
+
+
+@router.put(
+    "/hosts/{host_id}/tenancy",
+    response_model=Host,
+    description="Allow (or stop allowing) allocations of several tenants on a host whose driver does not isolate "
+    "tenants. Audited with the reason.",
+    openapi_extra=action_doc("allocations.host.manage"),
+)
+async def set_tenancy(kit: Kit, host_id: uuid.UUID, body: HostTenancy, principal: CurrentPrincipal) -> HostState:
+    async with kit.sessions() as session, session.begin():
+        return await service.set_tenancy(
+            session, principal, host_id, shared_tenancy_allowed=body.shared_tenancy_allowed, reason=body.reason
+        )
 
 
 @router.post(

@@ -7,12 +7,13 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from gpuaas.allocations import domain
 from gpuaas.allocations.views import Allocation, Quota, SshKey, Task, TimelineEntry, VolumeRef
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import GpuDevice, HostState, VolumeState
+from gpuaas.contracts.scalars import Integer, Name, Text
 
 __all__ = [
     "Allocation",
@@ -22,14 +23,19 @@ __all__ = [
     "CordonBody",
     "GrantCreate",
     "Host",
+    "HostClass",
+    "HostClassBody",
     "HostEnrol",
     "HostEnrolment",
+    "HostReenrol",
+    "HostTenancy",
     "Progress",
     "Quota",
     "QuotaBody",
     "Register",
     "Registered",
     "ResizeBody",
+    "RuntimeOption",
     "SshKey",
     "SshKeyCreate",
     "Task",
@@ -44,11 +50,65 @@ __all__ = [
 # ------------------------------------------------------------------------------------------------- hosts
 
 
-class HostEnrol(BaseModel):
+class HostPins(BaseModel):
+    """The SSH endpoint and host key to pin now (else the agent's first registration pins them)."""
+
+    ssh_host: str | None = Field(None, max_length=255)
+    ssh_port: Integer | None = Field(None, ge=1, le=65535)
+    ssh_host_key: str | None = Field(
+        None, min_length=20, max_length=16_000, description="OpenSSH public key line of the agent's SSH endpoint"
+    )
+
+    @model_validator(mode="after")
+    def _endpoint_whole(self) -> HostPins:
+        if (self.ssh_host is None) != (self.ssh_port is None):
+            raise ValueError("ssh_host and ssh_port are pinned together")
+        return self
+
+    def pins(self) -> dict[str, Any]:
+        return self.model_dump(include={"ssh_host", "ssh_port", "ssh_host_key"}, exclude_none=True)
+
+
+class HostEnrol(HostPins):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{0,62}$")
     host_class: str | None = Field(None, max_length=64)
     labels: dict[str, str] = Field(default_factory=dict, max_length=50)
     gpus: list[GpuDevice] = Field(default_factory=list, max_length=64)
+
+
+class HostReenrol(HostPins):
+    reason: Text = Field(min_length=1, max_length=500)
+
+
+class HostTenancy(BaseModel):
+    shared_tenancy_allowed: bool = Field(
+        description="let allocations of several tenants share this host although its driver does not isolate them"
+    )
+    reason: Text = Field(min_length=1, max_length=500)
+
+
+class HostClassBody(BaseModel):
+    default_runtime: str | None = Field(
+        None, max_length=200, description="runtime of allocations placed on the class's container hosts"
+    )
+    cpus_per_gpu: float | None = Field(None, gt=0, le=1024, description="CPUs of a container per GPU it holds")
+    memory_mb_per_gpu: Integer | None = Field(None, ge=64, le=16_777_216, description="memory (MB) per GPU")
+    pids_limit: Integer = Field(4096, ge=64, le=4_194_304)
+
+
+class HostClass(HostClassBody):
+    name: str
+    version: int
+    updated_at: datetime
+
+
+class RuntimeOption(BaseModel):
+    slug: str
+    version: str
+    image: str = Field(description="registry/repository@sha256:... (pinned by digest)")
+    digest: str
+    display_name: str
+    state: str = Field(description="the artifact's lifecycle state: active, or canary for a canary tenant")
 
 
 class Host(BaseModel):
@@ -63,6 +123,12 @@ class Host(BaseModel):
     last_heartbeat_at: datetime | None = None
     cordon_reason: str | None = None
     version: int
+    driver: Literal["container", "process"] | None = None
+    isolates_tenants: bool = False
+    shared_tenancy_allowed: bool = False
+    cpu_count: int | None = None
+    memory_mb: int | None = None
+    ssh_host_key_fingerprint: str | None = None
 
 
 class HostEnrolment(Host):
@@ -74,17 +140,17 @@ def enrolment(state: HostState, token: str) -> dict[str, Any]:
 
 
 class CordonBody(BaseModel):
-    reason: str = Field(min_length=1, max_length=500)
+    reason: Text = Field(min_length=1, max_length=500)
 
 
 # ------------------------------------------------------------------------------------------- allocations
 
 
 class AllocationCreate(BaseModel):
-    name: str = Field("", max_length=100)
+    name: Name = Field("", max_length=100)
     shape: CapacityShape = CapacityShape.gpu_slice
     gpu_model: str = Field(min_length=1, max_length=64, examples=["H100-80GB"])
-    gpu_count: int | None = Field(
+    gpu_count: Integer | None = Field(
         None,
         ge=1,
         le=64,
@@ -93,17 +159,24 @@ class AllocationCreate(BaseModel):
     )
     host_class: str | None = Field(None, max_length=64, description="pin a host class")
     volume_ids: list[uuid.UUID] = Field(default_factory=list, max_length=16, description="volumes to attach at create")
+    runtime: str | None = Field(
+        None,
+        max_length=200,
+        description="runtime image: a slug (its newest offered version), slug@version, or the sha256:... digest "
+        "of an offered runtime; places on a container host. None: the host class's default (container hosts)",
+        examples=["gpuaas-base", "gpuaas-scipy@1.0.0"],
+    )
 
 
 class ResizeBody(BaseModel):
-    gpu_count: int = Field(ge=1, le=64)
+    gpu_count: Integer = Field(ge=1, le=64)
 
 
 # ---------------------------------------------------------------------------------------------- SSH keys
 
 
 class SshKeyCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=100)
+    name: Name = Field(min_length=1, max_length=100)
     public_key: str = Field(min_length=20, max_length=16_000)
 
 
@@ -117,7 +190,7 @@ class GrantCreate(BaseModel):
 
 class VolumeCreate(BaseModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
-    size_gb: int = Field(ge=1, le=100_000)
+    size_gb: Integer = Field(ge=1, le=100_000)
     persist: bool = Field(True, description="keep the data after the allocations it is attached to are released")
     access_mode: Literal["single_writer", "multi_attach"] = "single_writer"
 
@@ -138,7 +211,7 @@ class AttachBody(BaseModel):
 
 
 class QuotaBody(BaseModel):
-    max_gpus: int = Field(ge=0, le=100_000)
+    max_gpus: Integer = Field(ge=0, le=100_000)
 
 
 # ------------------------------------------------------------------------------------------------ agents
@@ -149,7 +222,14 @@ class Register(BaseModel):
     gpus: list[GpuDevice] = Field(default_factory=list, max_length=64)
     inventory_source: Literal["nvidia-smi", "declared"] = "declared"
     ssh_host: str = Field(max_length=255)
-    ssh_port: int = Field(ge=1, le=65535)
+    ssh_port: Integer = Field(ge=1, le=65535)
+    driver: Literal["container", "process"] | None = None
+    isolates_tenants: bool = False
+    cpu_count: Integer | None = Field(None, ge=1, le=65_536)
+    memory_mb: Integer | None = Field(None, ge=1)
+    ssh_host_key: str | None = Field(
+        None, min_length=20, max_length=16_000, description="OpenSSH public key line of the agent's SSH endpoint"
+    )
 
 
 class Registered(BaseModel):
@@ -163,12 +243,12 @@ class Registered(BaseModel):
 class Progress(BaseModel):
     phase: str = Field(max_length=100)
     status: Literal["started", "succeeded", "failed", "info"] = "info"
-    message: str = Field("", max_length=2000)
+    message: Text = Field("", max_length=2000)
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
 
 class Completion(BaseModel):
     ok: bool
-    message: str = Field("", max_length=4000)
+    message: Text = Field("", max_length=4000)
     result: dict[str, Any] = Field(default_factory=dict)

@@ -31,6 +31,7 @@ from gpuaas.allocations.api.schemas import (
     volume_view,
 )
 from gpuaas.contracts.events.allocations import SshGrantState
+from gpuaas.kit import revocation
 from gpuaas.kit.app import Kit, KitRuntime
 from gpuaas.kit.auth import CurrentPrincipal, Principal
 from gpuaas.kit.iam import action_doc
@@ -86,6 +87,7 @@ async def create_allocation(
             gpu_count=body.gpu_count,
             host_class=body.host_class,
             volume_ids=body.volume_ids,
+            runtime=body.runtime,
         ),
     )
 
@@ -245,7 +247,15 @@ async def stream_timeline(
             async with kit.sessions() as session:
                 entries = await service.timeline_entries(session, allocation_id, last)
 
-    return EventSourceResponse(events(), ping=15)
+    async def still_readable() -> None:
+        async with kit.sessions() as session:  # authorizes against the projection; reads no entry
+            await service.read_timeline(session, principal, allocation_id, 2**62)
+
+    if kit.revocations is None:
+        return EventSourceResponse(events(), ping=15)
+    # Ends with `event: access_revoked` once the viewer loses access (revocation event or token expiry).
+    lost = revocation.until_access_lost(kit.revocations, principal, still_readable)
+    return EventSourceResponse(revocation.guarded(events(), lost, revocation.sse_refusal), ping=15)
 
 
 def _storage_route(

@@ -10,6 +10,8 @@ One module per area; this package re-exports the use cases, so callers write `se
 - `common`: the service's actor and clock, allocation rows with their volumes, versioned updates,
   checked transitions, timeline entries, agent task queueing, `load_allocation` (authorized read)
 - `hosts`: operators' host management · `agents`: the node agent's registration and heartbeats
+- `runtimes`: the catalog's runtime images (projection) and their resolution · `host_classes`: class
+  figures, an allocation's runtime and limits
 - `agent_tasks`: the agents' task queue and the outcome of each task kind
 - `placement`: free capacity and GPU reservation · `quotas`: project GPU quotas
 - `lifecycle`: create, list, restart, resize, release · `timeline`: reading the timeline
@@ -34,10 +36,12 @@ from gpuaas.allocations.service.access import (
     revoke_grant,
     sync_keys,
     terminal_ca_private_key,
+    terminal_still_allowed,
 )
 from gpuaas.allocations.service.agent_tasks import claim_tasks, complete_task, report_progress, requeue_expired_tasks
 from gpuaas.allocations.service.agents import agent_host_id, heartbeat, mark_lost_hosts, register_agent
 from gpuaas.allocations.service.common import SYSTEM, alloc_state, now
+from gpuaas.allocations.service.host_classes import list_host_classes, put_host_class
 from gpuaas.allocations.service.hosts import (
     cordon_host,
     enrol_host,
@@ -46,7 +50,9 @@ from gpuaas.allocations.service.hosts import (
     hash_token,
     host_state,
     list_hosts,
+    reenrol_host,
     rotate_node_token,
+    set_tenancy,
     uncordon_host,
 )
 from gpuaas.allocations.service.lifecycle import (
@@ -65,6 +71,12 @@ from gpuaas.allocations.service.lifecycle import (
     restart_allocation,
 )
 from gpuaas.allocations.service.quotas import get_quota, set_quota
+from gpuaas.allocations.service.runtimes import (
+    offered_runtimes,
+    record_artifact,
+    record_runtime_manifest,
+    resolve_runtime,
+)
 from gpuaas.allocations.service.timeline import read_timeline, timeline_entries
 from gpuaas.allocations.service.volumes import (
     attach_volume,
@@ -109,27 +121,36 @@ __all__ = [
     "host_state",
     "list_allocations",
     "list_grants",
+    "list_host_classes",
     "list_hosts",
     "list_ssh_keys",
     "list_volumes",
     "live_app_members",
     "mark_lost_hosts",
     "now",
+    "offered_runtimes",
     "open_terminal",
     "overdue_clearances",
+    "put_host_class",
     "read_timeline",
     "record_app_member",
+    "record_artifact",
+    "record_runtime_manifest",
+    "reenrol_host",
     "register_agent",
     "release_allocation",
     "report_progress",
     "requeue_expired_tasks",
     "resize_allocation",
+    "resolve_runtime",
     "restart_allocation",
     "revoke_grant",
     "rotate_node_token",
     "set_quota",
+    "set_tenancy",
     "sync_keys",
     "terminal_ca_private_key",
+    "terminal_still_allowed",
     "timeline_entries",
     "uncordon_host",
 ]

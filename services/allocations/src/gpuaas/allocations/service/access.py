@@ -11,7 +11,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
-from gpuaas.allocations.models import allocations, platform_keys, ssh_grants, ssh_keys
+from gpuaas.allocations.models import allocations, hosts, platform_keys, ssh_grants, ssh_keys
 from gpuaas.allocations.service.common import _enqueue, _timeline, load_allocation, now
 from gpuaas.allocations.views import AllocationChange, SshKey, TerminalTarget
 from gpuaas.contracts import Actor, new_event_id
@@ -22,6 +22,7 @@ from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Problem, Unprocessable
 from gpuaas.kit.outbox import add_event
+from gpuaas.kit.secrets_at_rest import keyring_of, reseal_column
 from gpuaas.kit.tables import iam_memberships
 from gpuaas.kit.versioning import check_version
 
@@ -408,17 +409,22 @@ async def apply_access_grant(session: AsyncSession, grant: Any, *, revoked: bool
 
 
 TERMINAL_CA = "terminal-ssh-ca"
+PLATFORM_KEY_CONTEXT = "allocations.platform_keys.private_key"
 
 
 async def terminal_ca_private_key(session: AsyncSession, new_private_key: str, new_public_key: str) -> str:
-    """The platform's terminal CA (one key shared by every replica): the first replica's key wins."""
+    """The platform's terminal CA (one key shared by every replica): the first replica's key wins. The private
+    key is sealed at rest under the operator's keyring; a clear key of an older version is sealed first."""
+    keyring = keyring_of(session)
+    await reseal_column(session, platform_keys, "name", "private_key", PLATFORM_KEY_CONTEXT)
+    sealed = keyring.seal(new_private_key, f"{PLATFORM_KEY_CONTEXT}:{TERMINAL_CA}")
     await session.execute(
         pg_insert(platform_keys)
-        .values(name=TERMINAL_CA, private_key=new_private_key, public_key=new_public_key)
+        .values(name=TERMINAL_CA, private_key=sealed, public_key=new_public_key)
         .on_conflict_do_nothing()
     )
     row = (await session.execute(select(platform_keys.c.private_key).where(platform_keys.c.name == TERMINAL_CA))).one()
-    return str(row.private_key)
+    return keyring.open(row.private_key, f"{PLATFORM_KEY_CONTEXT}:{TERMINAL_CA}")
 
 
 async def open_terminal(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> TerminalTarget:
@@ -437,7 +443,26 @@ async def open_terminal(session: AsyncSession, principal: Principal, alloc_id: u
         tenant_id=alloc.tenant_id,
         project_id=alloc.project_id,
     )
-    return TerminalTarget(host=alloc.ssh_host, port=alloc.ssh_port, username=alloc.ssh_username)
+    # The endpoint and the host key the terminal must see are the host's pinned ones (see agents.py).
+    host = (
+        await session.execute(
+            select(hosts.c.ssh_host, hosts.c.ssh_port, hosts.c.ssh_host_key).where(hosts.c.host_id == alloc.host_id)
+        )
+    ).one()
+    return TerminalTarget(
+        host=host.ssh_host or alloc.ssh_host,
+        port=host.ssh_port or alloc.ssh_port,
+        username=alloc.ssh_username,
+        host_key=host.ssh_host_key,
+    )
+
+
+async def terminal_still_allowed(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> uuid.UUID:
+    """The open terminal's re-check (on every revocation event and at token expiry): may the viewer still
+    read the allocation and hold SSH access to it? Returns its project (what the stream watches)."""
+    alloc = await load_allocation(session, principal, alloc_id, "allocations.read")
+    await _terminal_allowed(session, principal, alloc)
+    return uuid.UUID(str(alloc.project_id))
 
 
 async def _terminal_allowed(session: AsyncSession, principal: Principal, alloc: Any) -> None:

@@ -153,15 +153,28 @@ async def _on_provision(
     if alloc.status != AllocationStatus.provisioning:
         return
     if ok:
+        # The endpoint is the enrolled host's (pinned), never what the completion reports: a holder of
+        # the node token must not be able to point users or the browser terminal elsewhere.
         host = await load_host(session, alloc.host_id)
+        reported = (result.get("ssh_host"), result.get("ssh_port"))
+        if reported != (None, None) and reported != (host.ssh_host, host.ssh_port):
+            await _timeline(
+                session,
+                alloc.allocation_id,
+                "provision",
+                "info",
+                f"the agent reported SSH endpoint {reported[0]}:{reported[1]}; "
+                f"the host's enrolled endpoint {host.ssh_host}:{host.ssh_port} is used",
+                task_id=task.task_id,
+            )
         t = now()
         row = await _transition(
             session,
             alloc,
             AllocationStatus.active,
             activated_at=t,
-            ssh_host=result.get("ssh_host") or host.ssh_host,
-            ssh_port=result.get("ssh_port") or host.ssh_port,
+            ssh_host=host.ssh_host,
+            ssh_port=host.ssh_port,
             failure_reason=None,
         )
         activated(session, alloc.requested_at, t)
@@ -219,6 +232,7 @@ async def _on_resize(
             target_gpu_count=None,
             target_gpu_indices=None,
             failure_reason=None,
+            limits=task.payload.get("limits") if alloc.runtime else alloc.limits,
         )
         await add_event(
             session, allocation_events.AllocationResized.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
@@ -242,6 +256,10 @@ async def _on_release(
 ) -> None:
     if alloc.status != AllocationStatus.releasing:
         return
+    evidence = result.get("evidence") if isinstance(result.get("evidence"), dict) else None
+    if evidence is not None:
+        outcome = "succeeded" if ok else "failed"
+        await _timeline(session, alloc.allocation_id, "release.evidence", outcome, _evidence_summary(evidence))
     if ok:
         await _free_capacity(session, alloc.allocation_id)
         await _detach_all(session, alloc.allocation_id, deleting=True)
@@ -253,18 +271,31 @@ async def _on_release(
             failure_reason=None,
             target_gpu_count=None,
             target_gpu_indices=None,
+            release_evidence=evidence,
         )
         await add_event(
             session, allocation_events.AllocationReleased.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )
     else:
         row = await _transition(
-            session, alloc, AllocationStatus.release_failed, failure_reason=message or "release failed"
+            session,
+            alloc,
+            AllocationStatus.release_failed,
+            failure_reason=message or "release failed",
+            release_evidence=evidence,
         )
         await add_event(
             session,
             allocation_events.AllocationReleaseFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM),
         )
+
+
+def _evidence_summary(evidence: dict[str, Any]) -> str:
+    """One line for the timeline: each boolean check the agent made and its outcome, then what it lists."""
+    flags = [f"{k}={'yes' if v else 'NO'}" for k, v in evidence.items() if isinstance(v, bool)]
+    checked = evidence.get("checked")
+    listed = f"; checked: {', '.join(map(str, checked))}" if isinstance(checked, list) and checked else ""
+    return "release evidence: " + (", ".join(flags) or "none reported") + listed
 
 
 _OUTCOMES = {"provision": _on_provision, "restart": _on_restart, "resize": _on_resize, "release": _on_release}

@@ -14,13 +14,16 @@ from gpuaas.allocations import SERVICE
 from gpuaas.allocations.metrics import heartbeat_lost
 from gpuaas.allocations.models import agent_tasks, allocations, hosts
 from gpuaas.allocations.service.common import SYSTEM, _timeline, _update_alloc, alloc_state, now
-from gpuaas.allocations.service.hosts import _update_host, hash_token, host_state
+from gpuaas.allocations.service.hosts import _update_host, hash_token, host_key_pin, host_state
 from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.contracts.events.allocations import GpuDevice, HostState, HostStatus
 from gpuaas.kit import audit
-from gpuaas.kit.errors import Unauthorized
+from gpuaas.kit.errors import Conflict, Unauthorized
+from gpuaas.kit.logging import get_logger
 from gpuaas.kit.outbox import add_event
+
+log = get_logger(__name__)
 
 
 async def host_by_token(session: AsyncSession, token: str | None, *, lock: bool = False) -> Any:
@@ -48,11 +51,22 @@ async def register_agent(
     inventory_source: str,
     ssh_host: str,
     ssh_port: int,
+    driver: str | None = None,
+    isolates_tenants: bool = False,
+    cpu_count: int | None = None,
+    memory_mb: int | None = None,
+    ssh_host_key: str | None = None,
 ) -> HostState:
-    """The agent (re)starts: inventory, endpoint; the host becomes `ready` (or returns from
+    """The agent (re)starts: inventory, driver, endpoint; the host becomes `ready` (or returns from
     `unreachable`). Tasks it had leased are handed out again at once: a restarted agent replays
-    its journal for the ones it had finished, so nothing is lost and nothing runs twice."""
+    its journal for the ones it had finished, so nothing is lost and nothing runs twice.
+
+    The SSH endpoint and host key are pinned by the enrolment or the first registration that reports
+    them; a later registration reporting others is refused (409 `host_key_mismatch` /
+    `host_endpoint_mismatch`): the node token alone must not let anyone redirect users' SSH and the
+    browser terminal. An operator re-enrolment resets the pins."""
     host = await host_by_token(session, token, lock=True)
+    pins = _check_pins(host, ssh_host=ssh_host, ssh_port=ssh_port, ssh_host_key=ssh_host_key)
     status = host.status
     if status == HostStatus.enrolling:
         status = HostStatus.ready
@@ -65,10 +79,13 @@ async def register_agent(
         agent_version=agent_version,
         inventory_source=inventory_source,
         gpus=[g.model_dump(mode="json") for g in gpus],
-        ssh_host=ssh_host,
-        ssh_port=ssh_port,
         last_heartbeat_at=now(),
         status_before_unreachable=None,
+        driver=driver,
+        isolates_tenants=isolates_tenants,
+        cpu_count=cpu_count,
+        memory_mb=memory_mb,
+        **pins,
     )
     await session.execute(
         update(agent_tasks)
@@ -85,11 +102,49 @@ async def register_agent(
         resource_type="host",
         resource_id=host.host_id,
         before={"status": host.status},
-        after={"status": status, "gpus": len(gpus), "agent_version": agent_version},
+        after={
+            "status": status,
+            "gpus": len(gpus),
+            "agent_version": agent_version,
+            "driver": driver,
+            "isolates_tenants": isolates_tenants,
+            **({"pinned": sorted(pins)} if pins else {}),
+        },
     )
     if host.status == HostStatus.unreachable:
         await _set_attention_for_host(session, host.host_id, None)
     return state
+
+
+def _check_pins(host: Any, *, ssh_host: str, ssh_port: int, ssh_host_key: str | None) -> dict[str, Any]:
+    """The pin columns a registration sets (those not pinned yet); 409 when it contradicts a pin."""
+    pins: dict[str, Any] = {}
+    key = host_key_pin(ssh_host_key)
+    if key:
+        if host.ssh_host_key is None:
+            pins.update(key)
+        elif key["ssh_host_key"].split()[:2] != host.ssh_host_key.split()[:2]:
+            log.warning(
+                "agent_host_key_mismatch",
+                host_id=str(host.host_id),
+                pinned=host.ssh_host_key_fingerprint,
+                reported=key["ssh_host_key_fingerprint"],
+            )
+            raise Conflict(
+                f"the SSH host key {key['ssh_host_key_fingerprint']} is not the one pinned for this host "
+                f"({host.ssh_host_key_fingerprint}); an operator re-enrolment resets the pin",
+                code="host_key_mismatch",
+            )
+    if host.ssh_host is None:
+        pins.update(ssh_host=ssh_host, ssh_port=ssh_port)
+    elif (host.ssh_host, host.ssh_port) != (ssh_host, ssh_port):
+        log.warning("agent_endpoint_mismatch", host_id=str(host.host_id), reported=f"{ssh_host}:{ssh_port}")
+        raise Conflict(
+            f"the SSH endpoint {ssh_host}:{ssh_port} is not the one pinned for this host "
+            f"({host.ssh_host}:{host.ssh_port}); an operator re-enrolment resets the pin",
+            code="host_endpoint_mismatch",
+        )
+    return pins
 
 
 async def heartbeat(session: AsyncSession, token: str | None) -> HostState:

@@ -59,6 +59,9 @@ def alloc_state(row: Any) -> AllocationState:
         release_attempts=row.release_attempts,
         attention=row.attention,
         version=row.version,
+        runtime=row.runtime,
+        driver=row.driver,
+        limits=row.limits,
     )
 
 

@@ -26,8 +26,10 @@ from gpuaas.allocations.service.common import (
     load_allocation,
     now,
 )
+from gpuaas.allocations.service.host_classes import limits_for, runtime_and_limits
 from gpuaas.allocations.service.placement import _capacities, _place
 from gpuaas.allocations.service.quotas import _check_quota
+from gpuaas.allocations.service.runtimes import resolve_runtime
 from gpuaas.allocations.service.volumes import _attach, _volume_mounts, volume_summaries
 from gpuaas.allocations.views import Allocation, AllocationChange, VolumeRef
 from gpuaas.contracts import Actor, Event, new_event_id
@@ -53,12 +55,18 @@ async def create_allocation(
     gpu_count: int | None,
     host_class: str | None,
     volume_ids: list[uuid.UUID],
+    runtime: str | None = None,
 ) -> AllocationChange[Allocation]:
+    """`runtime` (slug, slug@version or digest of an offered runtime) is checked before placement (422
+    `runtime_unavailable`) and then places on container hosts only; without it the host class's default
+    (else the platform's) applies on a container host and a process host runs no runtime image."""
     await iam.authorize(session, principal, "allocations.create", project_id=project_id)
     tenant_id = await iam.project_tenant(session, project_id)
     assert tenant_id is not None
     if shape is CapacityShape.gpu_slice and not gpu_count:
         raise Unprocessable("gpu_count is required for a gpu_slice", code="gpu_count_required")
+    if runtime is not None:
+        await resolve_runtime(session, runtime, tenant_id)
     await _check_quota(session, project_id, gpu_count or 1)
     alloc_id = new_event_id()
     t = now()
@@ -82,7 +90,17 @@ async def create_allocation(
         )
     )
     host, picked = await _place(
-        session, shape=shape, model=gpu_model, count=gpu_count, host_class=host_class, alloc_id=alloc_id
+        session,
+        shape=shape,
+        model=gpu_model,
+        count=gpu_count,
+        host_class=host_class,
+        alloc_id=alloc_id,
+        tenant_id=tenant_id,
+        container_only=runtime is not None,
+    )
+    runtime_ref, limits = await runtime_and_limits(
+        session, host, requested=runtime, tenant_id=tenant_id, gpu_count=len(picked)
     )
     if len(picked) != (gpu_count or 1):  # a whole host: its GPU count is known only now
         await session.execute(
@@ -105,9 +123,18 @@ async def create_allocation(
         host_id=host.host_id,
         gpu_indices=picked,
         gpu_count=len(picked),
+        driver=host.driver,
+        runtime=runtime_ref.model_dump() if runtime_ref else None,
+        limits=limits,
     )
     await _timeline(
-        session, alloc_id, "placement", "succeeded", f"placed on {host.name}: GPUs {','.join(map(str, picked))}"
+        session,
+        alloc_id,
+        "placement",
+        "succeeded",
+        f"placed on {host.name}: GPUs {','.join(map(str, picked))}"
+        + (f"; runtime {runtime_ref.slug} {runtime_ref.version} ({runtime_ref.digest})" if runtime_ref else "")
+        + (f"; limits {limits['cpus']} CPUs, {limits['memory_mb']} MB, {limits['pids']} pids" if limits else ""),
     )
     events.append(
         allocation_events.AllocationProvisioning.build(data=alloc_state(row), source=SERVICE, actor=principal.actor)
@@ -135,13 +162,22 @@ async def create_allocation(
 
 
 async def _workspace_payload(session: AsyncSession, row: Any, gpu_indices: list[int]) -> dict[str, Any]:
-    """What the agent (re)builds an allocation's workspace from: account, GPUs, keys and volumes."""
+    """What the agent (re)builds an allocation's workspace from: account, GPUs, keys, volumes, and on a
+    container host the runtime image (pinned by digest) and the container's limits."""
     return {
         "allocation_id": str(row.allocation_id),
         "username": row.ssh_username,
         "gpu_indices": gpu_indices,
         "authorized_keys": await authorized_keys(session, row),
         "volumes": await _volume_mounts(session, row.allocation_id),
+        **_runtime_payload(row.runtime, row.limits),
+    }
+
+
+def _runtime_payload(runtime: dict[str, Any] | None, limits: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "runtime": {"image": runtime["image"], "digest": runtime["digest"]} if runtime else None,
+        "limits": limits,
     }
 
 
@@ -203,6 +239,7 @@ def _view(row: Any, vols: list[Any]) -> Allocation:
             ],
             "after_release": domain.allocation_after_release([(v.name, v.persist) for v in vols]),
             "awaiting_release_clearance": row.awaiting_clearance_since is not None,
+            "release_evidence": row.release_evidence,
         }
     )
 
@@ -288,6 +325,8 @@ async def resize_allocation(
         target = sorted(current + extra)
     else:
         target = current[:gpu_count]
+    host = (await session.execute(select(hosts).where(hosts.c.host_id == alloc.host_id))).one()
+    limits = await limits_for(session, host, gpu_count=gpu_count)
     row = await _transition(
         session,
         alloc,
@@ -309,6 +348,7 @@ async def resize_allocation(
             "allocation_id": str(alloc_id),
             "username": row.ssh_username,
             "gpu_indices": target,
+            **_runtime_payload(row.runtime, limits if row.runtime else None),
         },
     )
     await audit.record(

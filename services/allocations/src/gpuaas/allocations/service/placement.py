@@ -5,6 +5,10 @@ triggers, see migration allocations_0005), read best fit first in small batches,
 create does not grow with the number of allocations. The chosen host's row is then locked and that
 one host's GPU list and assignments are re-read under the lock before GPUs are inserted: the table
 only steers the choice, the lock and gpu_assignments' primary key keep GPUs from being double-booked.
+
+Tenancy: a host whose driver does not isolate tenants (`isolates_tenants` false) takes an allocation
+only while no other tenant holds GPUs on it, unless an operator allowed sharing (`shared_tenancy_allowed`).
+That is checked under the host lock too, so two tenants racing for one such host cannot both land on it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import domain
 from gpuaas.allocations.metrics import refused
-from gpuaas.allocations.models import gpu_assignments, host_capacity, hosts
+from gpuaas.allocations.models import allocations, gpu_assignments, host_capacity, hosts
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import HostStatus
 from gpuaas.kit.errors import Conflict, Unprocessable
@@ -53,8 +57,25 @@ async def _capacities(
     return out
 
 
+async def _other_tenant_on(session: AsyncSession, host_id: uuid.UUID, tenant_id: uuid.UUID) -> bool:
+    """Whether another tenant holds GPUs on the host (an allocation not yet released or failed)."""
+    q = (
+        select(gpu_assignments.c.gpu_index)
+        .join(allocations, allocations.c.allocation_id == gpu_assignments.c.allocation_id)
+        .where(gpu_assignments.c.host_id == host_id, allocations.c.tenant_id != tenant_id)
+        .limit(1)
+    )
+    return (await session.execute(q)).first() is not None
+
+
 async def _candidate_ids(
-    session: AsyncSession, *, shape: CapacityShape, model: str, count: int, host_class: str | None
+    session: AsyncSession,
+    *,
+    shape: CapacityShape,
+    model: str,
+    count: int,
+    host_class: str | None,
+    container_only: bool = False,
 ) -> AsyncIterator[uuid.UUID]:
     """Ready hosts that (by host_capacity) can take the request, best fit first (fewest free GPUs
     of the model left over, then name) as domain.candidates orders them, read in batches."""
@@ -66,6 +87,8 @@ async def _candidate_ids(
     )
     if host_class:
         q = q.where(hosts.c.host_class == host_class)
+    if container_only:
+        q = q.where(hosts.c.driver == "container")
     if shape is CapacityShape.baremetal:
         other = host_capacity.alias("other")
         q = q.where(
@@ -112,19 +135,34 @@ async def _place(
     count: int | None,
     host_class: str | None,
     alloc_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    container_only: bool = False,
 ) -> tuple[Any, list[int]]:
     """Pick a host and reserve GPUs on it. Host rows are locked one at a time and capacity is
     re-read under the lock, so concurrent creates queue and never double-book (the primary key
-    of gpu_assignments is the last line of defence)."""
+    of gpu_assignments is the last line of defence). `container_only`: a runtime was asked for, so
+    only hosts with the container driver qualify."""
     want = count or 1
     any_candidate = False
+    tenancy_refused = False
     # Pass 1 skips hosts other requests hold, so concurrent creates spread over hosts; pass 2 waits.
     for skip_locked in (True, False):
-        async for host_id in _candidate_ids(session, shape=shape, model=model, count=want, host_class=host_class):
+        candidates = _candidate_ids(
+            session, shape=shape, model=model, count=want, host_class=host_class, container_only=container_only
+        )
+        async for host_id in candidates:
             any_candidate = True
             lock = select(hosts).where(hosts.c.host_id == host_id).with_for_update(skip_locked=skip_locked)
             host = (await session.execute(lock)).first()
             if host is None or host.status != HostStatus.ready:
+                continue
+            sharing_matters = not (host.isolates_tenants or host.shared_tenancy_allowed)
+            if not domain.tenancy_allows(
+                isolates_tenants=host.isolates_tenants,
+                shared_tenancy_allowed=host.shared_tenancy_allowed,
+                other_tenants_present=sharing_matters and await _other_tenant_on(session, host_id, tenant_id),
+            ):
+                tenancy_refused = True
                 continue
             fresh = (await _capacities(session, [host_id], host_rows=[host]))[0]
             if not domain.candidates([fresh], shape=shape, model=model, count=want, host_class=host_class):
@@ -137,10 +175,13 @@ async def _place(
                 [{"host_id": host.host_id, "gpu_index": i, "allocation_id": alloc_id} for i in picked],
             )
             return host, picked
-    if not any_candidate:  # no candidate at all: is the model offered anywhere? (422 rather than 409)
+    if not any_candidate and not container_only:  # is the model offered anywhere? (422 rather than 409)
         await _unknown_model(session, model)
     what = f"a whole {model} host" if shape is CapacityShape.baremetal else f"{want} free {model} GPUs on one host"
     refused(session, "insufficient_capacity")
     raise Conflict(
-        f"no ready host has {what}" + (f" in class {host_class!r}" if host_class else ""), code="insufficient_capacity"
+        f"no ready {'container ' if container_only else ''}host has {what}"
+        + (f" in class {host_class!r}" if host_class else "")
+        + (" (hosts that do not isolate tenants are in use by another tenant)" if tenancy_refused else ""),
+        code="insufficient_capacity",
     )

@@ -14,7 +14,7 @@ from gpuaas.allocations.models import allocations, quotas
 from gpuaas.allocations.views import Quota
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import Conflict
+from gpuaas.kit.errors import Conflict, Forbidden
 
 
 async def _project_gpu_usage(session: AsyncSession, project_id: uuid.UUID) -> int:
@@ -49,7 +49,15 @@ async def _check_quota(session: AsyncSession, project_id: uuid.UUID, extra: int)
 async def set_quota(session: AsyncSession, principal: Principal, project_id: uuid.UUID, max_gpus: int) -> Quota:
     await iam.authorize(session, principal, "allocations.quota.manage", project_id=project_id)
     tenant_id = await iam.project_tenant(session, project_id)
-    before = (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).first()
+    before = (
+        await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id).with_for_update())
+    ).first()
+    # A quota is the operator's cap on a project: a tenant admin may tighten it (any value is tighter than
+    # none), never loosen it, else the cap would bind no one who can reach it (docs/decisions.md).
+    if before is not None and max_gpus > before[0] and not await iam.is_platform_admin(session, principal):
+        raise Forbidden(
+            f"only a platform operator can raise a project's GPU quota (now {before[0]})", code="quota_raise_forbidden"
+        )
     stmt = pg_insert(quotas).values(project_id=project_id, tenant_id=tenant_id, max_gpus=max_gpus)
     await session.execute(
         stmt.on_conflict_do_update(

@@ -22,6 +22,7 @@ from gpuaas.contracts.events.app_runtime import (
     OperationStatus,
     PlacementIntent,
 )
+from gpuaas.contracts.scalars import Integer, Name, Text
 
 SLUG = r"^[a-z0-9][a-z0-9-]*$"
 PRECONDITION = {412: {"description": "`version_mismatch`: If-Match names a version the resource has moved on from"}}
@@ -125,7 +126,7 @@ class CredentialSecret(CredentialPublic):
 
 
 class DeployRequest(BaseModel):
-    name: str = Field(min_length=1, max_length=100)
+    name: Name = Field(min_length=1, max_length=100)
     app_slug: str = Field(pattern=SLUG, max_length=100)
     app_version: str | None = Field(default=None, max_length=100, description="default: the latest active version")
     config: JsonObject = Field(default_factory=dict)
@@ -141,7 +142,7 @@ class OperationRequest(BaseModel):
 
 
 class Reason(BaseModel):
-    reason: str = Field("", max_length=2000)
+    reason: Text = Field("", max_length=2000)
 
 
 class VersionChange(BaseModel):
@@ -162,8 +163,8 @@ class ControllerBindingOut(BaseModel):
 class ClaimRequest(BaseModel):
     app_slug: str = Field(pattern=SLUG, max_length=100)
     operation_id: uuid.UUID | None = Field(default=None, description="a given operation; default: the oldest claimable")
-    lease_s: int | None = Field(default=None, ge=5, le=3600)
-    holder: str | None = Field(default=None, max_length=200, description="which controller replica (for the timeline)")
+    lease_s: Integer | None = Field(default=None, ge=5, le=3600)
+    holder: Name | None = Field(default=None, max_length=200, description="which controller replica (for the timeline)")
 
 
 class Claim(BaseModel):
@@ -174,9 +175,9 @@ class Claim(BaseModel):
 
 class Heartbeat(BaseModel):
     lease_token: uuid.UUID
-    lease_s: int | None = Field(default=None, ge=5, le=3600)
-    message: str | None = Field(default=None, max_length=2000)
-    percent: int | None = Field(default=None, ge=0, le=100)
+    lease_s: Integer | None = Field(default=None, ge=5, le=3600)
+    message: Text | None = Field(default=None, max_length=2000)
+    percent: Integer | None = Field(default=None, ge=0, le=100)
 
 
 class Completion(BaseModel):
@@ -187,7 +188,7 @@ class Completion(BaseModel):
 
 class Failure(BaseModel):
     lease_token: uuid.UUID
-    error: str = Field(min_length=1, max_length=4000)
+    error: Text = Field(min_length=1, max_length=4000)
 
 
 class InstanceReport(BaseModel):
@@ -204,5 +205,5 @@ class MemberReport(BaseModel):
 
 class ControllerEvent(BaseModel):
     kind: str = Field(min_length=1, max_length=100, pattern=r"^[a-z0-9_.-]+$")
-    message: str = Field("", max_length=4000)
+    message: Text = Field("", max_length=4000)
     data: JsonObject = Field(default_factory=dict)

@@ -47,7 +47,7 @@ from gpuaas.app_runtime.service import (
 )
 from gpuaas.app_runtime.settings import Settings
 from gpuaas.contracts.enums import InstanceStatus
-from gpuaas.kit import iam
+from gpuaas.kit import iam, revocation
 from gpuaas.kit.app import Kit
 from gpuaas.kit.auth import CurrentPrincipal, current_principal
 from gpuaas.kit.paging import PageRequest, page_params, set_next_link
@@ -229,7 +229,7 @@ async def timeline_stream(
     """Server-sent events of the instance timeline (`id` = seq; reconnects resume with Last-Event-ID)."""
     principal = await current_principal(request)
     async with kit.sessions() as session:
-        await service.readable_instance(session, principal, instance_id)
+        project_id = (await service.readable_instance(session, principal, instance_id)).project_id
     cursor = after
     if last_event_id and last_event_id.isdigit():
         cursor = max(cursor, int(last_event_id))
@@ -247,7 +247,16 @@ async def timeline_stream(
             if not entries:
                 await asyncio.sleep(interval)
 
-    return EventSourceResponse(events(), ping=10, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    async def still_readable() -> None:
+        async with kit.sessions() as session:
+            await service.readable_instance(session, principal, instance_id)
+
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    if kit.revocations is None:
+        return EventSourceResponse(events(), ping=10, headers=headers)
+    # Ends with `event: access_revoked` once the viewer loses access (revocation event or token expiry).
+    lost = revocation.until_access_lost(kit.revocations, principal, still_readable, keys=[project_id])
+    return EventSourceResponse(revocation.guarded(events(), lost, revocation.sse_refusal), ping=10, headers=headers)
 
 
 @_instance_change("/instances/{instance_id}/stop")

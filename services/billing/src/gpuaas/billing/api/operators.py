@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Query
 
 from gpuaas.billing import service
-from gpuaas.billing.api.schemas import PERIOD, BreakdownRow, LedgerBalance, Price, PriceCreate, StatementClose
+from gpuaas.billing.api.schemas import BillingPeriod, BreakdownRow, LedgerBalance, Price, PriceCreate, StatementClose
 from gpuaas.kit import iam
 from gpuaas.kit.app import Kit
 from gpuaas.kit.auth import CurrentPrincipal
@@ -51,7 +51,7 @@ async def create_price(body: PriceCreate, kit: Kit, principal: CurrentPrincipal)
 async def breakdown(
     kit: Kit,
     principal: CurrentPrincipal,
-    period: str | None = Query(None, pattern=PERIOD),
+    period: BillingPeriod | None = Query(None),
     tenant_id: uuid.UUID | None = None,
 ) -> Any:
     """Operators: cost per tenant x project x SKU x app for a period."""

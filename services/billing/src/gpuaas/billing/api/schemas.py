@@ -25,41 +25,43 @@ from gpuaas.billing.service.views import (
 )
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.billing import PriceUnit
+from gpuaas.contracts.scalars import PERIOD_PATTERN, BillingPeriod, CurrencyCode, Integer, Name, Text
 
 CURRENCY = r"^[A-Z]{3}$"
-PERIOD = r"^\d{4}-(0[1-9]|1[0-2])$"
+PERIOD = PERIOD_PATTERN
 
 
 class PriceCreate(BaseModel):
     unit: PriceUnit
     unit_price: Decimal = Field(ge=0, max_digits=24, decimal_places=9, allow_inf_nan=False)
-    currency: str = Field(pattern=CURRENCY)
+    currency: CurrencyCode
     gpu_model: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$")
     shape: CapacityShape | None = None
     app_slug: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9-]*$")
     effective_from: AwareDatetime | None = None
-    description: str = Field("", max_length=500)
+    description: Text = Field("", max_length=500)
 
 
 class BudgetCreate(BaseModel):
     tenant_id: uuid.UUID
     project_id: uuid.UUID | None = None
-    name: str = Field("", max_length=200)
+    name: Name = Field("", max_length=200)
     limit_amount: Decimal = Field(gt=0, max_digits=24, decimal_places=6, allow_inf_nan=False)
-    currency: str = Field(pattern=CURRENCY)
-    thresholds: list[Annotated[int, Field(ge=1, le=1000)]] = Field(
+    currency: CurrencyCode
+    thresholds: list[Annotated[Integer, Field(ge=1, le=1000)]] = Field(
         default_factory=lambda: [50, 80, 100], min_length=1, max_length=10
     )
 
 
 class StatementClose(BaseModel):
     tenant_id: uuid.UUID
-    period: str = Field(pattern=PERIOD, description="YYYY-MM (UTC calendar month)")
+    period: BillingPeriod
 
 
 __all__ = [
     "CURRENCY",
     "PERIOD",
+    "BillingPeriod",
     "BreakdownRow",
     "Budget",
     "BudgetAlert",

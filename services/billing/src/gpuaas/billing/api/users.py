@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from gpuaas.billing import service
-from gpuaas.billing.api.schemas import PERIOD, Budget, BudgetCreate, BudgetStatus, Charge, Costs, Price
+from gpuaas.billing.api.schemas import BillingPeriod, Budget, BudgetCreate, BudgetStatus, Charge, Costs, Price
 from gpuaas.kit import iam
 from gpuaas.kit.app import Kit
 from gpuaas.kit.auth import CurrentPrincipal
@@ -31,7 +31,7 @@ async def costs(
     principal: CurrentPrincipal,
     tenant_id: uuid.UUID | None = None,
     project_id: uuid.UUID | None = None,
-    period: str | None = Query(None, pattern=PERIOD, description="YYYY-MM; default the current period"),
+    period: BillingPeriod | None = Query(None, description="YYYY-MM; default the current period"),
 ) -> Any:
     """Combined cost (GPU time + app usage) of a tenant for a period, split per project. Tenant admins
     ask by `tenant_id`; project admins by `project_id` (their project only)."""
@@ -92,7 +92,7 @@ async def list_budgets(
     kit: Kit,
     principal: CurrentPrincipal,
     tenant_id: uuid.UUID,
-    period: str | None = Query(None, pattern=PERIOD),
+    period: BillingPeriod | None = Query(None),
 ) -> Any:
     async with kit.sessions() as session:
         return await service.budget_statuses(session, principal, tenant_id=tenant_id, period=period)

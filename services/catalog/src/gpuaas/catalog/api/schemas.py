@@ -23,6 +23,7 @@ from gpuaas.catalog.service.views import (
 )
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.catalog import ArtifactKind, ArtifactLifecycle
+from gpuaas.contracts.scalars import Integer, Text
 
 __all__ = [
     "Artifact",
@@ -60,21 +61,21 @@ class ArtifactRegister(BaseModel):
 class CheckRecord(BaseModel):
     name: Literal["lint", "smoke"]
     passed: bool
-    detail: str = Field("", max_length=2000)
+    detail: Text = Field("", max_length=2000)
 
 
 class Transition(BaseModel):
     to: ArtifactLifecycle
-    reason: str = Field(min_length=1, max_length=1000, description="why (kept in the audit trail)")
+    reason: Text = Field(min_length=1, max_length=1000, description="why (kept in the audit trail)")
     canary_tenants: list[uuid.UUID] = Field(default_factory=list, max_length=1000)
 
 
 class Reason(BaseModel):
-    reason: str = Field("", max_length=1000)
+    reason: Text = Field("", max_length=1000)
 
 
 class RequiredReason(BaseModel):
-    reason: str = Field(min_length=1, max_length=1000)
+    reason: Text = Field(min_length=1, max_length=1000)
 
 
 class EntitlementGrant(BaseModel):
@@ -86,9 +87,9 @@ class CompatibilityQuery(BaseModel):
     version: str | None = Field(None, max_length=100)
     tenant_id: uuid.UUID | None = None
     capacity_shape: CapacityShape
-    gpu_count: int = Field(ge=0, le=1024)
+    gpu_count: Integer = Field(ge=0, le=1024)
     exclusive_node: bool = False
-    allocation_count: int = Field(1, ge=1, le=1024)
+    allocation_count: Integer = Field(1, ge=1, le=1024)
 
 
 class SeedRequest(BaseModel):

@@ -16,6 +16,7 @@ from gpuaas.identity.credentials import Client
 from gpuaas.identity.settings import Settings
 from gpuaas.kit import iam
 from gpuaas.kit.app import KitRuntime
+from gpuaas.kit.client_address import client_address
 from gpuaas.kit.errors import Unauthorized
 
 
@@ -27,13 +28,11 @@ def action(name: str) -> dict[str, Any]:
 
 
 def client_of(request: Request, kit: KitRuntime) -> Client:
-    """The caller's address: the peer, or the last X-Forwarded-For hop when the peer is a trusted proxy."""
+    """The caller's address (login throttling, sessions, audit `source`): the peer, or, when the peer is a
+    trusted proxy, the right-most X-Forwarded-For hop that is not one (`gpuaas.kit.client_address`)."""
     settings = kit.settings_as(Settings)
-    peer = request.client.host if request.client else "unknown"
-    ip = peer
-    forwarded = request.headers.get("x-forwarded-for")
-    if peer in settings.trusted_proxies and forwarded:
-        ip = forwarded.split(",")[-1].strip() or peer
+    peer = request.client.host if request.client else None
+    ip = client_address(peer, request.headers.get("x-forwarded-for"), settings.trusted_proxies)
     return Client(ip=ip, user_agent=request.headers.get("user-agent"))
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import RedirectResponse
 from pydantic import EmailStr
 
 from gpuaas.identity.api.deps import action, client_of
-from gpuaas.identity.api.schemas import Discovery, Idp, IdpCreate, TokenResponse
+from gpuaas.identity.api.schemas import Discovery, DomainClaim, Idp, IdpCreate, TokenResponse
 from gpuaas.identity.domain import Redirect
 from gpuaas.identity.runtime import IdentityRuntime
 from gpuaas.identity.service import federation, sso
@@ -119,6 +119,7 @@ async def create_idp(kit: Kit, tenant_id: uuid.UUID, body: IdpCreate, principal:
         return await federation.create_idp(
             session,
             principal,
+            kit.settings_as(Settings),
             tenant_id=tenant_id,
             name=body.name,
             issuer=body.issuer,
@@ -127,7 +128,35 @@ async def create_idp(kit: Kit, tenant_id: uuid.UUID, body: IdpCreate, principal:
             domains=body.domains,
             default_role=body.default_role,
             enforce_sso=body.enforce_sso,
+            domains_verified=body.domains_verified,
         )
+
+
+@router.post(
+    "/tenants/{tenant_id}/identity-providers/{idp_id}/domains/{domain}/verify",
+    response_model=DomainClaim,
+    tags=["federation"],
+    responses={409: {"description": "`domain_not_proven` (no TXT record yet) or `domain_taken`"}},
+    **action("identity.idp.manage"),
+)
+async def verify_domain(
+    kit: Kit,
+    tenant_id: uuid.UUID,
+    idp_id: uuid.UUID,
+    domain: Annotated[str, Path(max_length=253)],
+    principal: CurrentPrincipal,
+) -> Any:
+    """Prove a domain claim: identity looks up the claim's TXT record (`challenge_name` =
+    `challenge_value`) through the operator's DNS resolver. Until proven, the domain serves no
+    discovery, linking or enforced SSO."""
+    return await federation.verify_domain(
+        kit.sessions,
+        principal,
+        kit.state_as(IdentityRuntime).resolver,
+        tenant_id=tenant_id,
+        idp_id=idp_id,
+        domain=domain,
+    )
 
 
 @router.get(

@@ -3,6 +3,8 @@ userinfo, relying-party registration and signing-key rotation."""
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Query, Request, Response
@@ -13,8 +15,8 @@ from gpuaas.identity.api.schemas import KeyRotation, OAuthClient, OAuthClientCre
 from gpuaas.identity.service import oidc_provider, signing_keys
 from gpuaas.identity.settings import Settings
 from gpuaas.kit.app import Kit
-from gpuaas.kit.auth import CurrentPrincipal
-from gpuaas.kit.errors import Problem
+from gpuaas.kit.auth import CurrentPrincipal, TokenVerifier, bearer_token
+from gpuaas.kit.errors import Problem, Unauthorized
 
 router = APIRouter()
 
@@ -91,10 +93,34 @@ async def authorize_submit(
     return RedirectResponse(url, status_code=303)
 
 
+def unverified_audience(token: str) -> str | None:
+    """The `aud` a token claims, read before verification only to pick the verifier that checks it."""
+    try:
+        payload = token.split(".")[1]
+        aud = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))).get("aud")
+    except (IndexError, ValueError, AttributeError):
+        return None
+    return aud if isinstance(aud, str) else None
+
+
 @router.get("/oauth/userinfo", tags=["oidc"])
-async def userinfo(kit: Kit, principal: CurrentPrincipal) -> dict[str, Any]:
+async def userinfo(request: Request, kit: Kit) -> dict[str, Any]:
+    """The user's claims: all OIDC ones for a platform token, a relying party's granted ones for its
+    token (audience = its client_id; the email only once verified)."""
+    token = bearer_token(request)
+    if not token:
+        raise Unauthorized("a bearer token is required", code="missing_token")
+    audience = unverified_audience(token)
+    platform = kit.verifier
+    if audience is None or audience == kit.settings_as(Settings).jwt_audience:
+        principal = await platform.verify(token)
+        client_id = None
+    else:
+        issuer = kit.settings_as(Settings).public_url
+        principal = await TokenVerifier(platform.jwks, issuer, audience, platform.revocations).verify(token)
+        client_id = audience
     async with kit.sessions() as session:
-        return (await oidc_provider.userinfo(session, principal)).model_dump()
+        return await oidc_provider.userinfo(session, principal, client_id=client_id)
 
 
 @router.post(
@@ -108,7 +134,12 @@ async def create_oauth_client(kit: Kit, body: OAuthClientCreate, principal: Curr
     """Register a relying party of this identity service (authorization code + PKCE)."""
     async with kit.sessions() as session, session.begin():
         return await oidc_provider.create_client(
-            session, principal, name=body.name, redirect_uris=body.redirect_uris, confidential=body.confidential
+            session,
+            principal,
+            name=body.name,
+            redirect_uris=body.redirect_uris,
+            confidential=body.confidential,
+            tenant_id=body.tenant_id,
         )
 
 

@@ -10,9 +10,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, EmailStr, Field
 
 from gpuaas.contracts.enums import Role
+from gpuaas.contracts.scalars import Name
 from gpuaas.identity.service.views import (
     AuditEntry,
     AuditPage,
+    DomainClaim,
     Granted,
     KeyRotation,
     Me,
@@ -35,6 +37,7 @@ __all__ = [
     "AuditEntry",
     "AuditPage",
     "Discovery",
+    "DomainClaim",
     "Granted",
     "Idp",
     "IdpCreate",
@@ -64,7 +67,7 @@ __all__ = [
 
 class TenantCreate(BaseModel):
     slug: str = Field(pattern=SLUG, description="lowercase letters, digits and dashes")
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200)
 
 
 class Tenant(BaseModel):
@@ -75,7 +78,7 @@ class Tenant(BaseModel):
 
 
 class ProjectCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=100)
+    name: Name = Field(min_length=1, max_length=100)
 
 
 class Project(BaseModel):
@@ -88,7 +91,7 @@ class Project(BaseModel):
 class UserCreate(BaseModel):
     email: EmailStr
     password: str = Field(min_length=12, max_length=256)
-    display_name: str = Field("", max_length=200)
+    display_name: Name = Field("", max_length=200)
     role: Role | None = Role.project_member
     email_verified: bool = Field(False, description="the admin vouches for the address (used by federation)")
 
@@ -96,7 +99,7 @@ class UserCreate(BaseModel):
 class PlatformUserCreate(BaseModel):
     email: EmailStr
     password: str = Field(min_length=12, max_length=256)
-    display_name: str = Field("", max_length=200)
+    display_name: Name = Field("", max_length=200)
 
 
 class MemberAdd(BaseModel):
@@ -114,13 +117,18 @@ class ServiceAccountCreate(BaseModel):
 
 
 class IdpCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200)
     issuer: str = Field(pattern=r"^https?://", max_length=500)
     client_id: str = Field(min_length=1, max_length=300)
     client_secret: str | None = Field(None, max_length=500)
     domains: list[Annotated[str, Field(pattern=DOMAIN, max_length=253)]] = Field(min_length=1, max_length=50)
     default_role: Role | None = Role.project_member
     enforce_sso: bool = False
+    domains_verified: bool = Field(
+        False,
+        description="a platform admin attests that the tenant owns the domains (else 403); without it each "
+        "domain is a claim until proven by its DNS TXT challenge (POST .../domains/{domain}/verify)",
+    )
 
 
 class Idp(BaseModel):
@@ -128,10 +136,11 @@ class Idp(BaseModel):
     tenant_id: uuid.UUID
     name: str
     issuer: str
-    domains: list[str]
+    domains: list[str] = Field(description="every domain claimed (proven or not); see domain_claims")
     default_role: Role | None
     enforce_sso: bool
     enabled: bool
+    domain_claims: list[DomainClaim] = []
 
 
 class Discovery(BaseModel):
@@ -144,6 +153,7 @@ class Discovery(BaseModel):
 
 
 class OAuthClientCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200)
     redirect_uris: list[Annotated[str, Field(pattern=r"^https?://", max_length=500)]] = Field(min_length=1)
     confidential: bool = True
+    tenant_id: uuid.UUID | None = Field(None, description="serve only this tenant's users (else any user)")

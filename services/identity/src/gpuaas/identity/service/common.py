@@ -11,16 +11,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.contracts import Actor, Event
 from gpuaas.identity import SERVICE
-from gpuaas.kit import audit, iam
+from gpuaas.kit import audit, iam, revocation
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.outbox import add_event
 
 
 async def emit(session: AsyncSession, event: Event) -> None:
-    """Outbox the event and apply it to identity's own IAM projection in the same transaction, so
-    identity's authorization decisions never lag behind its own writes."""
+    """Outbox the event and apply it to identity's own IAM projection and deny list in the same
+    transaction, so identity's authorization decisions never lag behind its own writes (a revoked
+    session or disabled account is refused by identity as soon as the change commits)."""
     await add_event(session, event)
     await iam.apply_locally(session, event)
+    await revocation.apply_locally(session, event)
 
 
 async def record_change(

@@ -70,6 +70,7 @@ async def sso_enforced_for(session: AsyncSession, user: Row) -> uuid.UUID | None
             .join(idp_domains, idp_domains.c.idp_id == identity_providers.c.idp_id)
             .where(
                 idp_domains.c.domain == email_domain(user.email),
+                idp_domains.c.verified_at.is_not(None),  # only a proven domain can take password logins away
                 identity_providers.c.tenant_id == user.tenant_id,
                 identity_providers.c.enforce_sso.is_(True),
                 identity_providers.c.enabled.is_(True),
@@ -90,7 +91,7 @@ async def password_login(
 ) -> views.TokenResponse:
     row = await authenticate_password(sessions_, settings, email=email, password=password, client=client, clock=clock)
     async with sessions_() as session, session.begin():
-        await throttle.clear_account(session, email)
+        await throttle.clear_account(session, email, client.ip)
         return await open_session(session, settings, user=row, method="password", client=client)
 
 
@@ -104,10 +105,11 @@ async def client_credentials(
     client: Client,
     clock: Clock = now,
 ) -> views.TokenResponse:
-    """A service account's access token (no refresh token), for the scopes asked (all it holds by default)."""
-    account = f"client:{client_id}"
+    """A service account's access token (no refresh token), for the scopes asked (all it holds by default).
+    Throttled per source address only: a client_id is visible, so a per-client limit would let anyone lock
+    a service account out, and its secret is not guessable."""
     async with sessions_() as session:
-        await throttle.check(session, settings, account=account, ip=client.ip, at=clock())
+        await throttle.check(session, settings, account=None, ip=client.ip, at=clock())
         try:
             sa_id = uuid.UUID(client_id)
         except ValueError:
@@ -120,7 +122,7 @@ async def client_credentials(
             else None
         )
     if row is None or not hmac.compare_digest(row.secret_hash, token_hash(client_secret)):
-        await throttle.record_failure(sessions_, settings, account=account, ip=client.ip, at=clock())
+        await throttle.record_failure(sessions_, settings, account=None, ip=client.ip, at=clock())
         raise Unauthorized("unknown client or wrong secret", code="invalid_client")
     if row.disabled:
         raise Forbidden("this service account is disabled", code="client_disabled")

@@ -3,8 +3,14 @@ with PKCE S256 only), the authorization-code grant with an ID token, userinfo, a
 discovery document.
 
 This is what lets one identity instance act as a tenant's enterprise IdP for another (the SSO test),
-and what the web console can use instead of the password grant. PKCE and client-credential checks
-use authlib's RFC 7636 helpers; tokens are signed with the same ES256 keys as access tokens.
+and what the web console can use instead of the password grant.
+
+What a relying party gets is limited: only the OIDC scopes (openid, email, profile) can be granted;
+the access token's audience is the client itself (so no platform service accepts it: it opens
+userinfo only); a client registered for a tenant serves only that tenant's users; and the `email`
+claim is passed on only when identity verified the address (never on a tenant admin's word).
+PKCE and client-credential checks use authlib's RFC 7636 helpers; tokens are signed with the same
+ES256 keys as access tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Problem, Unauthorized
 
+# The scopes a relying party may be granted: identity facts, never the platform's API.
+OIDC_SCOPES = frozenset({"openid", "email", "profile"})
 AUTHORIZE_PARAMS = ("client_id", "redirect_uri", "scope", "state", "nonce", "code_challenge", "code_challenge_method")
 # Identity's own grant for the single-use code a finished SSO login hands to its return_to.
 SSO_LOGIN_CODE_GRANT = "sso_login_code"
@@ -75,7 +83,13 @@ class InvalidAuthorizeRequest(Problem):
 
 
 async def create_client(
-    session: AsyncSession, principal: Principal, *, name: str, redirect_uris: list[str], confidential: bool
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    name: str,
+    redirect_uris: list[str],
+    confidential: bool,
+    tenant_id: uuid.UUID | None = None,
 ) -> views.OAuthClient:
     await iam.authorize(session, principal, "identity.oauth_client.manage")
     client_id = f"client_{uuid.uuid4().hex[:20]}"
@@ -86,6 +100,7 @@ async def create_client(
             name=name,
             secret_hash=token_hash(secret) if secret else None,
             redirect_uris=redirect_uris,
+            tenant_id=tenant_id,
         )
     )
     await audit.record(
@@ -95,9 +110,16 @@ async def create_client(
         action="identity.oauth_client.create",
         resource_type="oauth_client",
         resource_id=client_id,
-        after={"name": name, "redirect_uris": redirect_uris, "confidential": confidential},
+        after={
+            "name": name,
+            "redirect_uris": redirect_uris,
+            "confidential": confidential,
+            "tenant_id": str(tenant_id) if tenant_id else None,
+        },
     )
-    return views.OAuthClient(client_id=client_id, client_secret=secret, name=name, redirect_uris=redirect_uris)
+    return views.OAuthClient(
+        client_id=client_id, client_secret=secret, name=name, redirect_uris=redirect_uris, tenant_id=tenant_id
+    )
 
 
 async def validate_authorize_request(session: AsyncSession, params: dict[str, str | None]) -> Row:
@@ -108,8 +130,13 @@ async def validate_authorize_request(session: AsyncSession, params: dict[str, st
         raise InvalidAuthorizeRequest("unknown client_id", code="invalid_client")
     if params.get("redirect_uri") not in client.redirect_uris:
         raise InvalidAuthorizeRequest("redirect_uri is not registered for this client", code="invalid_redirect_uri")
-    if "openid" not in (params.get("scope") or "").split():
+    scopes = set((params.get("scope") or "").split())
+    if "openid" not in scopes:
         raise InvalidAuthorizeRequest("scope must include openid", code="invalid_scope")
+    if scopes - OIDC_SCOPES:
+        raise InvalidAuthorizeRequest(
+            f"only {', '.join(sorted(OIDC_SCOPES))} can be granted to a relying party", code="invalid_scope"
+        )
     if params.get("code_challenge_method") != "S256" or not params.get("code_challenge"):
         raise InvalidAuthorizeRequest("PKCE with code_challenge_method=S256 is required", code="pkce_required")
     return client
@@ -142,8 +169,12 @@ async def authorize_with_password(
 ) -> str:
     """Authenticate the user at the authorization endpoint; return the redirect URL carrying the code."""
     async with sessions_() as session:
-        await validate_authorize_request(session, params)
+        relying_party = await validate_authorize_request(session, params)
     user = await authenticate_password(sessions_, settings, email=email, password=password, client=client)
+    if relying_party.tenant_id is not None and user.tenant_id != relying_party.tenant_id:
+        raise Problem(
+            "this account does not belong to the application's organisation", code="access_denied", status=403
+        )
     code = new_secret("ac")
     async with sessions_() as session, session.begin():
         await session.execute(
@@ -176,7 +207,9 @@ async def exchange_code(
     async with sessions_() as session, session.begin():
         row = (
             await session.execute(
-                select(authorization_codes, oauth_clients.c.secret_hash)
+                select(
+                    authorization_codes, oauth_clients.c.secret_hash, oauth_clients.c.tenant_id.label("client_tenant")
+                )
                 .join(oauth_clients, oauth_clients.c.client_id == authorization_codes.c.client_id)
                 .where(authorization_codes.c.code_hash == token_hash(code))
                 .with_for_update(of=authorization_codes)
@@ -198,6 +231,9 @@ async def exchange_code(
             .values(used_at=func.now())
         )
         user = (await session.execute(select(users).where(users.c.user_id == row.user_id))).one()
+        if user.status != "active" or (row.client_tenant is not None and user.tenant_id != row.client_tenant):
+            raise Problem("the account may not use this application", code="invalid_grant")
+        granted = sorted(set(row.scope.split()) & OIDC_SCOPES)
         t = int(time.time())
         id_claims = {
             "iss": settings.public_url,
@@ -206,20 +242,20 @@ async def exchange_code(
             "iat": t,
             "exp": t + settings.id_token_ttl_s,
             "auth_time": t,
-            "email": user.email,
-            "email_verified": bool(user.email_verified),
-            "name": user.display_name,
+            **identity_claims(user, granted),
         }
         if row.nonce:
             id_claims["nonce"] = row.nonce
+        # For the client only (aud = client_id): no platform service accepts it, userinfo does.
         access = keys.access_claims(
             issuer=settings.public_url,
             subject=user.user_id,
             kind="user",
             ttl_s=settings.access_token_ttl_s,
-            tenant_id=user.tenant_id,
-            email=user.email,
+            scopes=granted,
         )
+        access["aud"] = row.client_id
+        access["azp"] = row.client_id
         id_token = await keys.sign(session, id_claims)
         access_token = await keys.sign(session, access)
     return views.TokenResponse(
@@ -227,14 +263,30 @@ async def exchange_code(
         id_token=id_token,
         token_type="Bearer",
         expires_in=settings.access_token_ttl_s,
-        scope=row.scope,
+        scope=" ".join(granted),
     )
 
 
-async def userinfo(session: AsyncSession, principal: Principal) -> views.UserInfo:
+def identity_claims(user: Row, scopes: list[str] | set[str] | frozenset[str]) -> dict[str, Any]:
+    """The user's claims a relying party may see under `scopes`: the email only once verified."""
+    claims: dict[str, Any] = {}
+    if "email" in scopes and user.email_verified:
+        claims["email"], claims["email_verified"] = user.email, True
+    if "profile" in scopes:
+        claims["name"] = user.display_name
+    return claims
+
+
+async def userinfo(session: AsyncSession, principal: Principal, *, client_id: str | None = None) -> dict[str, Any]:
+    """Userinfo for a platform token (all OIDC scopes) or a relying party's token (its own scopes)."""
     user = (await session.execute(select(users).where(users.c.user_id == principal.subject))).first()
-    if user is None:
+    if user is None or user.status != "active":
         raise Unauthorized("unknown user", code="invalid_token")
-    return views.UserInfo(
-        sub=str(user.user_id), email=user.email, email_verified=bool(user.email_verified), name=user.display_name
-    )
+    if client_id is not None:
+        known = (
+            await session.execute(select(oauth_clients.c.client_id).where(oauth_clients.c.client_id == client_id))
+        ).first()
+        if known is None:
+            raise Unauthorized("unknown client", code="invalid_token")
+    scopes = OIDC_SCOPES if client_id is None else principal.scopes
+    return {"sub": str(user.user_id), **identity_claims(user, scopes)}

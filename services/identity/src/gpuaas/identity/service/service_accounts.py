@@ -146,11 +146,12 @@ async def _update(session: AsyncSession, sa_id: uuid.UUID, **values: object) -> 
 async def rotate_service_account_secret(
     session: AsyncSession, principal: Principal, sa_id: uuid.UUID
 ) -> views.ServiceAccountWithSecret:
-    """A new secret replaces the old one at once; tokens already issued run out at their expiry."""
+    """A new secret replaces the old one at once, and the tokens issued with the old one are revoked in
+    every service (`service_account.secret_rotated`: tokens issued before it are refused)."""
     await _locked(session, principal, sa_id)
     secret = new_secret("sa")
-    row = await _update(session, sa_id, secret_hash=token_hash(secret), secret_rotated_at=func.now())
-    await _emit(session, principal, row, identity_events.ServiceAccountUpdated)
+    row = await _update(session, sa_id, secret_hash=token_hash(secret), secret_rotated_at=func.clock_timestamp())
+    await _emit(session, principal, row, identity_events.ServiceAccountSecretRotated)
     await audit.record(
         session,
         service=SERVICE,

@@ -16,11 +16,11 @@ from gpuaas.identity import SERVICE, keys
 from gpuaas.identity.credentials import Client, new_secret, now, token_hash
 from gpuaas.identity.models import refresh_tokens, sessions, users
 from gpuaas.identity.service import views
+from gpuaas.identity.service.common import emit
 from gpuaas.identity.settings import Settings
 from gpuaas.kit import audit
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Forbidden, NotFound, Problem, Unauthorized
-from gpuaas.kit.outbox import add_event
 
 
 async def open_session(
@@ -164,9 +164,8 @@ async def revoke(
         return False
     who = actor.actor if actor else Actor.system("identity-sessions")
     state = identity_events.SessionState(session_id=session_id, user_id=user_id, revoked=True, revoked_reason=reason)
-    await add_event(
-        session, identity_events.SessionRevoked.build(subject=session_id, data=state, source=SERVICE, actor=who)
-    )
+    # emit(): identity's own deny list refuses the session's access tokens once this commits.
+    await emit(session, identity_events.SessionRevoked.build(subject=session_id, data=state, source=SERVICE, actor=who))
     await audit.record(
         session,
         service=SERVICE,

@@ -28,7 +28,7 @@ async def rotate_signing_key(session: AsyncSession, principal: Principal) -> vie
         )
     ).all()
     kid, private, public = keys.generate_key()
-    await session.execute(insert(signing_keys).values(kid=kid, private_jwk=private, public_jwk=public))
+    await session.execute(insert(signing_keys).values(keys.sealed_row(session, kid, private, public)))
     await audit.record(
         session,
         service=SERVICE,

@@ -4,9 +4,10 @@ against the IdP, and brokered identity linking.
 Linking rules (ARCHITECTURE §5): a federated login resolves, in order,
 1. an existing link (idp, subject) -> that user;
 2. otherwise the IdP must vouch for the email (`email_verified`) and the email's domain must be one
-   the IdP's tenant owns; then an existing user with that email is linked only if the user belongs to
-   the same tenant (never across tenants, never a personal account); with no such user, one is
-   provisioned just in time with the IdP's default role.
+   the IdP's tenant has proven it owns (DNS challenge, service/federation.py); then an existing user
+   with that email is linked only if the user belongs to the same tenant (never across tenants,
+   never a personal account); with no such user, one is provisioned just in time with the IdP's
+   default role.
 A new user is never created when one with the email exists, so no duplicates. Every link is
 recorded (table, `federated_identity.linked` event, audit record); refusals are audited too.
 
@@ -32,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gpuaas.contracts import Actor
 from gpuaas.contracts.enums import MembershipScope, Role
 from gpuaas.contracts.events import identity as identity_events
-from gpuaas.identity import SERVICE, idp
+from gpuaas.identity import SERVICE, idp, keys
 from gpuaas.identity.credentials import Client, new_secret, now, token_hash
 from gpuaas.identity.domain import (
     Redirect,
@@ -226,9 +227,10 @@ async def _sign_in(
         "code_verifier": row.code_verifier,
         "client_id": row.client_id,
     }
-    if row.client_secret:
-        form["client_secret"] = row.client_secret
-    id_token = await idp.exchange_code(doc["token_endpoint"], form, settings.idp_timeout_s)
+    if row.client_secret:  # sealed at rest; a session carries the keyring (no connection is opened)
+        async with sessions_() as session:
+            form["client_secret"] = keys.open_client_secret(session, row.idp_id, row.client_secret)
+    id_token = await metadata.exchange_code(row.issuer, doc["token_endpoint"], form)
     claims = await idp.verify_id_token(metadata, id_token, issuer=row.issuer, client_id=row.client_id, nonce=row.nonce)
     refusal: Problem | None = None
     async with sessions_() as session, session.begin():
@@ -319,12 +321,15 @@ async def _link(session: AsyncSession, provider: Row, claims: dict[str, Any]) ->
         return linked, "existing_link"
 
     email = str(claims.get("email") or "")
-    if not email or "@" not in email:
-        raise Forbidden("the identity provider sent no email", code="email_missing")
-    if claims.get("email_verified") is not True:
+    # An IdP that passes on only verified emails (identity itself does) sends none for an unverified one.
+    if not email or "@" not in email or claims.get("email_verified") is not True:
         raise Forbidden("the identity provider has not verified this email", code="email_not_verified")
     domain = email_domain(email)
-    owner = (await session.execute(select(idp_domains.c.idp_id).where(idp_domains.c.domain == domain))).scalar()
+    owner = (
+        await session.execute(
+            select(idp_domains.c.idp_id).where(idp_domains.c.domain == domain, idp_domains.c.verified_at.is_not(None))
+        )
+    ).scalar()
     if owner != provider.idp_id:
         raise Forbidden(f"the domain {domain} is not owned by this identity provider", code="email_domain_not_owned")
 

@@ -1,20 +1,30 @@
-"""Brute-force protection for logins: failures counted per account and per source address over a
-sliding window (`lockout_window_s`).
+"""Brute-force protection for logins that an attacker cannot aim at a victim, over a sliding window
+(`lockout_window_s`):
 
-- An account (an email, or `client:<id>` for a service account) is locked for `lockout_s` once it
-  reaches `lockout_threshold` failures: 423 `account_locked`, even with the right password.
-- A source address reaching `source_threshold` failures is refused (429 `too_many_attempts`) for
-  every account until its window runs out; other addresses are not affected.
+- Per source address: `source_threshold` failures from one address (any account) refuse every further
+  login from it (429 `too_many_attempts`) until its window runs out; other addresses are not affected.
+- Per account *and* source: `lockout_threshold` failures for one account from one address make that
+  address back off from that account for `lockout_s` (429 `login_backoff`, with Retry-After). The account
+  itself is never locked: the right password from any other address still logs in, so guessing wrong
+  passwords for someone's email cannot lock them out.
+- Per account, all sources together: counted only (audited when it reaches `lockout_threshold`), never
+  refused on, for the same reason.
 
-Every function takes the time it decides at (`at`), so the window can be tested without sleeping.
-A failure is committed in its own transaction, so it is never rolled back with the failed request.
+Service accounts (`client_credentials`) are throttled per source address only: their secret is 256 bits
+of randomness (not guessable), and their `client_id` is visible, so a per-client limit would only let
+anyone lock a service account out.
+
+The address is the caller's as `gpuaas.kit.client_address` determines it (the right-most X-Forwarded-For
+hop that is not a trusted proxy). Every function takes the time it decides at (`at`), so the window can
+be tested without sleeping. A failure is committed in its own transaction, so it is never rolled back with
+the failed request.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import Row, case, select, update
+from sqlalchemy import Row, case, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -23,11 +33,7 @@ from gpuaas.identity import SERVICE
 from gpuaas.identity.models import login_throttle
 from gpuaas.identity.settings import Settings
 from gpuaas.kit import audit
-from gpuaas.kit.errors import Problem, TooManyRequests
-
-
-class AccountLocked(Problem):
-    status, code, title = 423, "account_locked", "Account locked"
+from gpuaas.kit.errors import TooManyRequests
 
 
 def account_key(account: str) -> str:
@@ -38,23 +44,38 @@ def source_key(ip: str) -> str:
     return f"ip:{ip}"
 
 
+def pair_key(account: str, ip: str) -> str:
+    """One account from one address: what backs off (never the account as a whole)."""
+    return f"pair:{ip}|{account.lower()}"
+
+
 async def _state(session: AsyncSession, key: str) -> Row | None:
     return (await session.execute(select(login_throttle).where(login_throttle.c.key == key))).first()
 
 
-async def check(session: AsyncSession, settings: Settings, *, account: str, ip: str, at: datetime) -> None:
-    """Refuse the attempt if the account is locked or its source address has failed too often."""
-    acct = await _state(session, account_key(account))
-    if acct is not None and acct.locked_until is not None and acct.locked_until > at:
-        retry = int((acct.locked_until - at).total_seconds()) + 1
-        raise AccountLocked(f"too many failed logins; this account is locked for {retry}s", retry_after_s=retry)
+async def check(session: AsyncSession, settings: Settings, *, account: str | None, ip: str, at: datetime) -> None:
+    """Refuse the attempt if its source address has failed too often, or has failed too often for this
+    account (`account` None: a service account, throttled per source only)."""
     src = await _state(session, source_key(ip))
     if (
         src is not None
         and src.failures >= settings.source_threshold
         and src.window_started_at > at - timedelta(seconds=settings.lockout_window_s)
     ):
-        raise TooManyRequests("too many failed logins from this address; try again later", code="too_many_attempts")
+        retry = int((src.window_started_at + timedelta(seconds=settings.lockout_window_s) - at).total_seconds()) + 1
+        raise TooManyRequests(
+            "too many failed logins from this address; try again later", code="too_many_attempts", retry_after_s=retry
+        )
+    if account is None:
+        return
+    pair = await _state(session, pair_key(account, ip))
+    if pair is not None and pair.locked_until is not None and pair.locked_until > at:
+        retry = int((pair.locked_until - at).total_seconds()) + 1
+        raise TooManyRequests(
+            f"too many failed logins for this account from this address; retry in {retry}s",
+            code="login_backoff",
+            retry_after_s=retry,
+        )
 
 
 async def _count_failure(session: AsyncSession, settings: Settings, key: str, *, lock: bool, at: datetime) -> bool:
@@ -81,29 +102,35 @@ async def _count_failure(session: AsyncSession, settings: Settings, key: str, *,
             .values(locked_until=at + timedelta(seconds=settings.lockout_s), failures=0, window_started_at=at)
         )
         return True
-    return False
+    return failures == settings.lockout_threshold  # account-wide: report reaching it once per window
 
 
 async def record_failure(
-    sessions_: async_sessionmaker[AsyncSession], settings: Settings, *, account: str, ip: str, at: datetime
+    sessions_: async_sessionmaker[AsyncSession], settings: Settings, *, account: str | None, ip: str, at: datetime
 ) -> None:
-    """Count a failed attempt against the account and the source address (committed at once)."""
+    """Count a failed attempt against the source address and, for a user, the account from that address
+    and the account as a whole (committed at once)."""
     async with sessions_() as session, session.begin():
-        locked = await _count_failure(session, settings, account_key(account), lock=True, at=at)
         await _count_failure(session, settings, source_key(ip), lock=False, at=at)
-        if locked:
+        if account is None:
+            return
+        backoff = await _count_failure(session, settings, pair_key(account, ip), lock=True, at=at)
+        targeted = await _count_failure(session, settings, account_key(account), lock=False, at=at)
+        if backoff or targeted:
             await audit.record(
                 session,
                 service=SERVICE,
                 actor=Actor.system("identity-login"),
-                action="identity.account.lock",
+                action="identity.account.login_backoff" if backoff else "identity.account.failed_logins",
                 resource_type="account",
                 resource_id=account.lower(),
-                after={"locked_for_s": settings.lockout_s, "source": ip},
-                reason="too many failed logins",
+                after={"source": ip, **({"backoff_s": settings.lockout_s} if backoff else {})},
+                reason="too many failed logins"
+                + (" from this source" if backoff else " from all sources (the account is not locked)"),
             )
 
 
-async def clear_account(session: AsyncSession, account: str) -> None:
-    """A successful login forgets the account's failures (the source address keeps its count)."""
+async def clear_account(session: AsyncSession, account: str, ip: str) -> None:
+    """A successful login forgets the account's failures from that address (the address keeps its count)."""
+    await session.execute(delete(login_throttle).where(login_throttle.c.key == pair_key(account, ip)))
     await session.execute(update(login_throttle).where(login_throttle.c.key == account_key(account)).values(failures=0))

@@ -24,7 +24,7 @@ from gpuaas.identity.service.common import actor_of, record_change
 from gpuaas.identity.service.sessions import revoke_user_sessions
 from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import Conflict, NotFound, Unprocessable
+from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Unprocessable
 
 AccountStatus = Literal["active", "disabled"]
 # Serializes the first operator's creation across replicas starting together.
@@ -144,6 +144,10 @@ async def create_tenant_user(
         raise NotFound("tenant not found", code="tenant_not_found")
     if role is not None and role not in TENANT_ROLES:
         raise Unprocessable(f"{role} cannot be granted at tenant scope", code="invalid_role")
+    # A verified email is what brokered linking trusts: only an operator may vouch for one by hand
+    # (otherwise it becomes verified through an IdP that proved it owns the email's domain).
+    if email_verified and not await iam.is_platform_admin(session, principal):
+        raise Forbidden("only a platform admin can mark an email verified", code="email_verification_forbidden")
     user_id = await insert_user(
         session,
         principal,

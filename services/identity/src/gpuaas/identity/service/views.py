@@ -114,6 +114,7 @@ class OAuthClient(BaseModel):
     client_secret: str | None
     name: str
     redirect_uris: list[str]
+    tenant_id: uuid.UUID | None = None
 
 
 class KeyRotation(BaseModel):
@@ -173,10 +174,26 @@ class AccountDiscovery(BaseModel):
     tenant_hint: TenantHint | None
 
 
-class UserInfo(BaseModel):
-    """The OIDC userinfo claims."""
+class DomainClaim(BaseModel):
+    """An email domain an IdP claims; `verified` once proven. Publish `challenge_value` as a TXT record
+    at `challenge_name`, then ask identity to verify."""
 
-    sub: str
-    email: str
-    email_verified: bool
+    domain: str
+    verified: bool
+    verified_at: datetime | None
+    challenge_name: str
+    challenge_value: str
+
+
+class IdentityProvider(BaseModel):
+    """A tenant's IdP (the contract state's fields) with its domain claims."""
+
+    idp_id: uuid.UUID
+    tenant_id: uuid.UUID
     name: str
+    issuer: str
+    domains: list[str]
+    default_role: Role | None
+    enforce_sso: bool
+    enabled: bool
+    domain_claims: list[DomainClaim]

@@ -6,7 +6,7 @@ record for API mutations) commit together or not at all.
 - `views`: the typed answers of both.
 """
 
-from gpuaas.metering.service.app_usage import apply_instance, list_app_usage, record_app_usage
+from gpuaas.metering.service.app_usage import apply_instance, apply_member, list_app_usage, record_app_usage
 from gpuaas.metering.service.meters import (
     apply_allocation,
     apply_host,
@@ -20,6 +20,7 @@ __all__ = [
     "apply_allocation",
     "apply_host",
     "apply_instance",
+    "apply_member",
     "close_due_windows",
     "get_meter",
     "list_app_usage",

@@ -22,7 +22,7 @@ from gpuaas.kit.errors import Conflict, NotFound, Problem
 from gpuaas.kit.outbox import add_events
 from gpuaas.metering import SERVICE, domain
 from gpuaas.metering.metrics import usage_emitted
-from gpuaas.metering.models import app_usage_records, instances
+from gpuaas.metering.models import app_usage_records, instances, members
 from gpuaas.metering.service.access import readable
 from gpuaas.metering.service.views import AppUsage
 
@@ -48,6 +48,18 @@ async def apply_instance(session: AsyncSession, event: Event) -> None:
         await session.execute(insert(instances).values(instance_id=i.instance_id, created_at=created, **values))
     else:
         await session.execute(update(instances).where(instances.c.instance_id == i.instance_id).values(**values))
+
+
+async def apply_member(session: AsyncSession, event: Event) -> None:
+    m: app_runtime_events.MemberState = event.data
+    stmt = pg_insert(members).values(member_id=m.member_id, instance_id=m.instance_id, version=m.version)
+    await session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["member_id"],
+            set_={"instance_id": stmt.excluded.instance_id, "version": stmt.excluded.version},
+            where=members.c.version < stmt.excluded.version,
+        )
+    )
 
 
 def _app_usage(row: Any, *, duplicate: bool) -> AppUsage:
@@ -78,6 +90,10 @@ async def record_app_usage(
         await iam.authorize(session, principal, "metering.usage.write", project_id=inst.project_id)
     else:
         await iam.authorize(session, principal, "metering.usage.backfill", project_id=inst.project_id)
+    if member_id is not None:  # attributed to a member: it must be one of this instance's (tombstoned or not)
+        owner = (await session.execute(select(members.c.instance_id).where(members.c.member_id == member_id))).scalar()
+        if owner != instance_id:
+            raise NotFound("no such member of this instance (or not known to metering yet)", code="member_not_found")
     record_id = usage_events.app_usage_record_id(instance_id, idempotency_key)
     existing = (
         await session.execute(

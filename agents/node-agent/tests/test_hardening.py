@@ -1,0 +1,86 @@
+"""The node token file's checks and file operations that never follow a link out of the allocation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from agent_harness import Host, agent_settings, write_token
+
+from gpuaas.node_agent import safefs
+from gpuaas.node_agent.settings import AgentSettings, TokenFileUnsafe, read_node_token
+
+
+def test_token_file_must_be_private(tmp_path: Path) -> None:
+    token = write_token(tmp_path / "token")
+    assert read_node_token(AgentSettings(node_token_file=token)) == "node-token-for-tests"
+    for mode in (0o640, 0o604, 0o660):
+        os.chmod(token, mode)
+        with pytest.raises(TokenFileUnsafe, match="must be 0600"):
+            read_node_token(AgentSettings(node_token_file=token))
+    os.chmod(token, 0o600)
+    link = tmp_path / "link"
+    link.symlink_to(token)
+    with pytest.raises(OSError):  # O_NOFOLLOW: a link could be swapped to another file
+        read_node_token(AgentSettings(node_token_file=link))
+    os.chown(token, 12345, 12345)
+    with pytest.raises(TokenFileUnsafe, match="owned by uid 12345"):
+        read_node_token(AgentSettings(node_token_file=token))
+
+
+def test_agent_keeps_token_out_of_its_environment(tmp_path: Path) -> None:
+    settings = agent_settings(tmp_path / "agent", "process")
+    assert settings.node_token.get_secret_value() == ""
+    assert read_node_token(settings) == "node-token-for-tests"
+
+
+def test_safe_writes_do_not_follow_links(tmp_path: Path) -> None:
+    base = tmp_path / "home"
+    base.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_text("untouched")
+    (base / ".gpuaas").symlink_to(victim)
+    safefs.write_file(base, ".gpuaas", b"marker")  # replaces the link, never writes through it
+    assert victim.read_text() == "untouched" and (base / ".gpuaas").read_text() == "marker"
+
+    (base / "volumes").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(safefs.UnsafePath):
+        safefs.make_link(base, "volumes/v1", tmp_path / "data")
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+    with pytest.raises(safefs.UnsafePath):
+        safefs.write_file(base, "volumes/x", b"x")
+    with pytest.raises(safefs.UnsafePath):
+        safefs.open_dir(base, "../outside")
+
+    (base / "dir").mkdir()
+    (base / "dir" / "escape").symlink_to(victim)
+    safefs.chown_tree(base, "", 4242, 4242)
+    assert os.stat(victim).st_uid != 4242 and os.lstat(base / "dir" / "escape").st_uid == 4242
+    safefs.rmtree(base)
+    assert not base.exists() and victim.read_text() == "untouched"
+
+
+async def test_provision_and_release_do_not_follow_links_in_home(process_host: Host, tmp_path: Path) -> None:
+    h = process_host
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+    p = h.payload("uma", [0], volumes=[{"volume_id": "vol-u", "mount_path": "/data/vol"}])
+    await h.task("provision", p)
+    ws = h.agent.workspaces.get(p["allocation_id"])
+    assert (ws.home / "data" / "vol").resolve() == h.agent.workspaces.volumes_root / "vol-u"
+    # The user swaps ~/.gpuaas and ~/data for links out of the allocation, then asks for a resize.
+    os.unlink(ws.home / ".gpuaas")
+    (ws.home / ".gpuaas").symlink_to(outside / "keep")
+    (ws.home / "data" / "vol").unlink()
+    (ws.home / "data").rmdir()
+    (ws.home / "data").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(safefs.UnsafePath):
+        await h.task("resize", {**p, "gpu_indices": [1]})
+    assert (outside / "keep").read_text() == "keep" and sorted(x.name for x in outside.iterdir()) == ["keep"]
+    await h.task("release", p)
+    assert (outside / "keep").read_text() == "keep"
+    assert (h.agent.workspaces.volumes_root / "vol-u").is_dir()  # a volume's data outlives the release
