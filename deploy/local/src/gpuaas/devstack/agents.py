@@ -25,6 +25,7 @@ import httpx
 
 from gpuaas.devstack.credentials import Credentials
 from gpuaas.devstack.infra import signal_group, stop_process
+from gpuaas.devstack.runtime_images import podman_available, podman_env
 
 log = logging.getLogger("gpuaas.devstack")
 ENROL_TIMEOUT_S = 90.0
@@ -40,6 +41,31 @@ def write_token_file(path: Path, token: str) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def remove_agent_containers(agents_dir: Path) -> int:
+    """Remove the allocation containers of every node agent whose state dir lies under `agents_dir` (each
+    agent labels its containers `gpuaas.agent=<the id in its state dir>`): a disposable test stack must not
+    leave its allocations running after its agents are gone. Returns how many were removed."""
+    ids = [p.read_text().strip() for p in agents_dir.glob("*/agent_id")] if agents_dir.is_dir() else []
+    if not ids or not podman_available():
+        return 0
+    removed = 0
+    for agent_id in ids:
+        listed = subprocess.run(
+            ["podman", "ps", "-aq", "--filter", f"label=gpuaas.agent={agent_id}"],
+            env=podman_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        names = listed.stdout.split()
+        if names:
+            subprocess.run(
+                ["podman", "rm", "-f", "-t", "0", *names], env=podman_env(), capture_output=True, check=False
+            )
+            removed += len(names)
+    return removed
 
 
 def agent_base_env() -> dict[str, str]:

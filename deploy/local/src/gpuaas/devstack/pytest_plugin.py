@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from gpuaas.devstack.agents import remove_agent_containers
 from gpuaas.devstack.config import StackConfig
 from gpuaas.devstack.registry import LocalRegistry
 from gpuaas.devstack.stack import Stack
@@ -60,6 +61,7 @@ def run_stack(request: pytest.FixtureRequest, prefix: str, **overrides: Any) -> 
         yield stack
     finally:
         stack.stop()
+        remove_agent_containers(root / "agents")  # the stack is disposable: so are its allocations' containers
         if os.environ.get("GPUAAS_KEEP_STACK") or request.session.testsfailed:
             log.warning("kept the stack's logs and data for a post-mortem: %s", root)
         else:
