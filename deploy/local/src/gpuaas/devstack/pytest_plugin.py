@@ -60,8 +60,10 @@ def run_stack(request: pytest.FixtureRequest, prefix: str, **overrides: Any) -> 
     try:
         yield stack
     finally:
-        stack.stop()
-        remove_agent_containers(root / "agents")  # the stack is disposable: so are its allocations' containers
+        try:
+            stack.stop()
+        finally:  # the stack is disposable: so are its allocations' containers, even when stopping failed
+            remove_agent_containers(root / "agents")
         if os.environ.get("GPUAAS_KEEP_STACK") or request.session.testsfailed:
             log.warning("kept the stack's logs and data for a post-mortem: %s", root)
         else:
