@@ -6,7 +6,7 @@ PYTHON ?= python3
 UV = $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 UV_RUN = $(UV) run --frozen
 
-.PHONY: run install migrate ensure-uv deps-apt deps-apt-packages subids runtime-images test test-unit test-isolation lint bench demo test-kafka test-faults test-badinput kafka-jars console contracts-wheel chart-check \
+.PHONY: run install migrate ensure-uv deps-apt deps-apt-packages subids runtime-images infra-images test-containers images deploy-images deploy-up deploy-down deploy-test test test-unit test-isolation lint bench demo test-kafka test-faults test-badinput kafka-jars console contracts-wheel chart-check \
 	observability-check
 
 ## run: install, then start Postgres, Kafka (Tansu), the OCI registry with the runtime images (built once, cached),
@@ -35,9 +35,12 @@ migrate: install
 	$(UV_RUN) python -m gpuaas.devstack migrate
 
 ## test: unit, integration (real Postgres + Tansu started by the suite), e2e and bad input (every service as a
-##       process); the fault-injection tests run in `make test-faults` / `make test-kafka`
+##       process); the fault-injection tests run in `make test-faults` / `make test-kafka`, the compose
+##       deployment's in `make deploy-test` (tests/deploy)
+##       TEST_ARGS adds pytest arguments: CI passes --ignore=tests/e2e and runs the e2e suite once, in
+##       `make test-containers` (on Apache Kafka)
 test: install
-	$(UV_RUN) pytest -q -p no:cacheprovider --ignore=tests/faults
+	$(UV_RUN) pytest -q -p no:cacheprovider --ignore=tests/faults --ignore=tests/deploy $(TEST_ARGS)
 
 # Apache Kafka (4.x KRaft, Java 17, jars from Maven Central cached in ~/.cache/gpuaas): see gpuaas.devstack.kafka.
 KAFKA_TEST_DIR ?= .local/test-kafka
@@ -54,8 +57,9 @@ keycloak: install
 	$(UV_RUN) python -m gpuaas.devstack.keycloak fetch
 
 ## test-kafka: the same suites on Apache Kafka: integration tests against a fresh broker started here
-##             (GPUAAS_KAFKA_BOOTSTRAP), then e2e, bad input and fault injection on stacks that each run their
-##             own Apache Kafka (GPUAAS_STACK_BROKER=kafka: broker stop/start keeps the log)
+##             (GPUAAS_KAFKA_BOOTSTRAP), then bad input and fault injection on stacks that each run their
+##             own Apache Kafka (GPUAAS_STACK_BROKER=kafka: broker stop/start keeps the log); the e2e suite runs
+##             on Apache Kafka in `make test-containers`
 test-kafka: kafka-jars
 	@set -euo pipefail; \
 	$(KAFKA_CLI) stop --dir $(KAFKA_TEST_DIR) --remove; \
@@ -63,9 +67,51 @@ test-kafka: kafka-jars
 	trap '$(KAFKA_CLI) stop --dir $(KAFKA_TEST_DIR) --remove' EXIT; \
 	echo "integration suites on Apache Kafka at $$bootstrap"; \
 	GPUAAS_KAFKA_BOOTSTRAP=$$bootstrap $(PYTEST) libs services agents
-	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/e2e --ignore=tests/e2e/test_keycloak_federation.py
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/badinput
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/faults
+
+## infra-images: the Apache Kafka and Postgres images of the compose deployment and of make test-containers
+##               (localhost/gpuaas-kafka:<version>, localhost/gpuaas-postgres:15; deploy/images/infra): Debian 12 bases
+##               with mmdebstrap, then podman build; cached (a second run checks labels only); prints their sizes
+infra-images: kafka-jars
+	$(UV_RUN) python -m gpuaas.devstack.infra_images build
+
+## test-containers: the e2e suite with Postgres and Apache Kafka from testcontainers (the infra images, through
+##                  podman's Docker-compatible API that the fixtures start: GPUAAS_STACK_BROKER=testcontainers;
+##                  broker stop/start is podman stop/start of the Kafka container, which keeps the log)
+test-containers: infra-images
+	GPUAAS_STACK_BROKER=testcontainers $(PYTEST) tests/e2e
+
+## images: the platform image localhost/gpuaas-platform:<version> (every service, the gateway with the web console,
+##         the node agent, the migrate/enrol jobs; deploy/images/services) and its Debian 12 bases (mmdebstrap,
+##         cached by recipe hash), built with podman (layer cache: a second run takes seconds); prints each size
+images: install
+	$(UV_RUN) python deploy/images/services/build.py
+
+# The images deploy-up needs, built only when missing (make images / make infra-images rebuild on purpose).
+PODMAN = CONTAINERS_CONF=$(CURDIR)/deploy/local/containers.conf podman
+deploy-images: install
+	@$(PODMAN) image exists localhost/gpuaas-platform:latest && $(PODMAN) image exists localhost/gpuaas-nginx:1.22-bookworm \
+		|| $(MAKE) images
+	@$(PODMAN) image exists localhost/gpuaas-kafka:4.1.0 && $(PODMAN) image exists localhost/gpuaas-postgres:15 \
+		|| $(MAKE) infra-images
+
+## deploy-up: the compose deployment (deploy/compose: Postgres, 3 Kafka brokers, two replicas of every service and
+##            of the gateway, lb, one node agent) with podman-compose: images if missing, secrets once, started in
+##            phases (migrate job first), waits until every replica is ready; prints the time from up to ready.
+##            Gateway on http://127.0.0.1:18000 (deploy/compose/README.md)
+deploy-up: deploy-images
+	$(UV_RUN) python deploy/compose/deploy.py up
+
+## deploy-down: remove the compose deployment: containers, network, volumes (the secrets in .local/compose stay)
+deploy-down: ensure-uv
+	$(UV_RUN) python deploy/compose/deploy.py down
+
+## deploy-test: tests/deploy against the compose deployment (started first when it is not running and ready)
+deploy-test: deploy-images
+	@GPUAAS_DEPLOY_READY_TIMEOUT_S=5 $(UV_RUN) python deploy/compose/deploy.py wait 2>/dev/null \
+		|| $(UV_RUN) python deploy/compose/deploy.py up
+	GPUAAS_DEPLOY_URL=http://127.0.0.1:$${GPUAAS_DEPLOY_PORT:-18000} $(PYTEST) --timeout 1800 tests/deploy
 
 ## test-faults: fault injection only (SIGKILLs, broker stop/crash/outage, Postgres restart, node-agent kill) on Apache Kafka
 test-faults: kafka-jars
@@ -142,8 +188,9 @@ bench: install
 # the standard proxy bench/gateway.py measures the gateway against (the bench runs its own nginx from a config it
 # writes; the package's own service, if the install started one, is not used). podman, runc, slirp4netns, uidmap:
 # the node agent's container driver (deploy/local/containers.conf); mmdebstrap builds the runtime images.
+# podman-compose + the CNI dnsname plugin (container names resolve on the compose network): make deploy-up.
 APT_PACKAGES := docker-registry skopeo umoci chromium slurm-wlm slurmdbd munge mariadb-server libpmix-dev prometheus \
-	nginx-light podman runc slirp4netns mmdebstrap uidmap
+	nginx-light podman runc slirp4netns mmdebstrap uidmap podman-compose golang-github-containernetworking-plugin-dnsname
 deps-apt: subids
 subids: deps-apt-packages
 	@# podman's --userns=auto takes container user namespaces from the `containers` ranges (idempotent)

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gpuaas.devstack import runtime_images
 from gpuaas.devstack.golden_path import Target, golden_path
 from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 
@@ -35,12 +36,21 @@ def main() -> int:
         return 2
     admin = state["logins"]["admin"]
     root = Path(state["root"])
+    registry_state = state.get("registry") or {}
+    agent_env = {"GPUAAS_AGENT_DRIVER": "process"}
+    if registry_state.get("agent_driver") == "container":  # the stack's agents run containers: so do the demo's
+        agent_env = {
+            "GPUAAS_AGENT_DRIVER": "container",
+            "GPUAAS_AGENT_CONTAINERS_CONF": str(runtime_images.CONTAINERS_CONF),
+            "GPUAAS_AGENT_REGISTRY_INSECURE": "true",
+        }
     target = Target(
         gateway_url=state["gateway"]["url"],
         allocations_url=state["services"]["allocations"]["url"],
         admin_login=(admin["email"], admin["password"]),
         root=root,
         logs_dir=root / "logs",
+        agent_env=agent_env,
     )
     try:
         registry = LocalRegistry(Path(tempfile.mkdtemp(prefix="gpuaas-demo-registry-"))).start()

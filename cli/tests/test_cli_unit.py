@@ -148,8 +148,10 @@ def test_the_cli_builds_no_request_paths() -> None:
 
 
 DIGEST = "sha256:" + "ab" * 32
+ALLOC_ID = "00000000-0000-4000-8000-000000000001"
+PROJECT_ID = "00000000-0000-4000-8000-000000000003"
 CONTAINER_ALLOCATION = {
-    "allocation_id": "00000000-0000-4000-8000-000000000001",
+    "allocation_id": ALLOC_ID,
     "tenant_id": "00000000-0000-4000-8000-000000000002",
     "project_id": "00000000-0000-4000-8000-000000000003",
     "name": "ws",
@@ -204,11 +206,11 @@ def allocation_server() -> Iterator[tuple[str, list[dict]]]:
 def test_show_says_what_the_allocation_runs_in(allocation_server: tuple[str, list[dict]]) -> None:
     url, _ = allocation_server
     Config(access_token="t").save()
-    result = CliRunner().invoke(app, ["--url", url, "alloc", "show", "a1"], env={"COLUMNS": "250"})
+    result = CliRunner().invoke(app, ["--url", url, "alloc", "show", ALLOC_ID], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert f"gpuaas-scipy 1.0.0 ({DIGEST})" in result.output
     assert "container" in result.output and "1.5 CPUs, 4096 MB memory, 4096 pids" in result.output
-    shown = json.loads(CliRunner().invoke(app, ["--url", url, "--json", "alloc", "show", "a1"]).output)
+    shown = json.loads(CliRunner().invoke(app, ["--url", url, "--json", "alloc", "show", ALLOC_ID]).output)
     assert (shown["runtime"]["digest"], shown["driver"], shown["limits"]["pids"]) == (DIGEST, "container", 4096)
 
 
@@ -216,7 +218,7 @@ def test_create_sends_the_runtime_only_when_chosen(allocation_server: tuple[str,
     url, created = allocation_server
     Config(access_token="t").save()
     for extra in (["--runtime", "gpuaas-scipy@1.0.0"], ["--runtime", DIGEST], []):
-        result = CliRunner().invoke(app, ["--url", url, "--project", "p1", "alloc", "create", *extra])
+        result = CliRunner().invoke(app, ["--url", url, "--project", PROJECT_ID, "alloc", "create", *extra])
         assert result.exit_code == 0, result.output
     assert [c.get("runtime") for c in created] == ["gpuaas-scipy@1.0.0", DIGEST, None]
     assert "runtime" not in created[-1]

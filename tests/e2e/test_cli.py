@@ -6,7 +6,13 @@ grants add/list/remove (a colleague's key), apps list, apps deploy --wait (manif
 allocation with a running app controller, apps status (list, one), add-worker on a second allocation and
 remove-worker, decommission --wait, a problem+json error (unknown app: `error: … (code, HTTP 4xx)`,
 exit 1, no traceback), release --wait, cost (JSON and table), logout. (`login --sso` is in
-test_identity_sso.py, next to the enterprise IdP it needs.)"""
+test_identity_sso.py, next to the enterprise IdP it needs.)
+
+Issue 21: commands take names and short ids where they take ids (`alloc ssh cli-test`, `grants add` with the
+colleague's email, `apps status cli-cluster`, `remove-worker` by a member's short id), tables show short ids
+the commands accept, an ambiguous prefix is an error listing the candidates, `whoami` shows tenant and
+project names, `apps open` refuses a non-launchable app, `cost --by day` prints the daily series whose
+days add up to `cost`, and money carries its currency."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import json
 import os
 import re
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,7 @@ __all__ = ["registry"]  # the module fixture (a real OCI registry for the seed c
 
 pytestmark = pytest.mark.e2e
 PASSWORD = "cli-horse-battery-staple"
+MONEY = re.compile(r"\d+\.\d{2,} [A-Z]{3}")
 
 
 class Cli:
@@ -78,6 +86,13 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
     assert r.status_code == 201, r.text
     host = r.json()
     agent = start_agent(target_of(stack), host["node_token"], host_class, "4xH100-80GB")
+    # A GPU price, so that `cost --by day` has charges to show once the allocations are released.
+    r = await gw.post(
+        "/api/billing/prices",
+        json={"unit": "gpu_hour", "unit_price": "360.00", "currency": "USD", "gpu_model": "H100-80GB"}
+        | {"shape": "gpu_slice", "effective_from": "2020-01-01T00:00:00Z"},
+    )
+    assert r.status_code in (201, 409), r.text
     cli = Cli(stack, tmp_path / "config.json")
     controller = None
     try:
@@ -89,6 +104,11 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         assert (tmp_path / "config.json").stat().st_mode & 0o077 == 0
         me = await cli.json("whoami")
         assert me["email"] == email
+        assert {(m["tenant_name"], m["project_name"]) for m in me["memberships"]} == {(f"CLI {run}", "cli")}
+        _, whoami_table, _ = await cli("whoami")
+        assert f"CLI {run}" in whoami_table and " cli " in whoami_table and pid not in whoami_table
+        # --project takes a name (or tenant/name) as well as an id
+        assert (await cli.json("--project", f"CLI {run}/cli", "volumes", "list")) == []
 
         key = asyncssh.generate_private_key("ssh-ed25519")
         (tmp_path / "id.pub").write_bytes(key.export_public_key())
@@ -118,8 +138,8 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
 
         async def create() -> Any:  # allocations' IAM projection catches up with identity
             rc, out, _err = await cli(
-                "--json", "alloc", "create", "--name", "cli", "--gpus", "1", "--host-class", host_class,
-                "--volume", vol["volume_id"], *runtime_args, "--wait", "--timeout", "120", ok=False,
+                "--json", "alloc", "create", "--name", "cli-test", "--gpus", "1", "--host-class", host_class,
+                "--volume", "data", *runtime_args, "--wait", "--timeout", "120", ok=False,
             )  # fmt: skip
             return json.loads(out) if rc == 0 else None
 
@@ -130,9 +150,13 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         assert [a["allocation_id"] for a in listed] == [aid]
         shown = await cli.json("alloc", "show", aid)
         assert {"provision"} <= {e["phase"] for e in shown["timeline"]} or len(shown["timeline"]) >= 2
-        # The progress display (stderr, plain lines when not a terminal) names the phases as they happen.
-        _, table_out, _ = await cli("alloc", "show", aid)
-        assert aid in table_out and "Timeline" in table_out and "Isolation" in table_out
+        assert [v["volume_id"] for v in shown["volumes"]] == [vol["volume_id"]]  # --volume by name
+        # Tables show a short id (a unique prefix of at least 8 characters) that the commands take.
+        _, list_table, _ = await cli("alloc", "list")
+        short = next(w for w in list_table.split() if len(w) >= 8 and aid.startswith(w))
+        _, table_out, _ = await cli("alloc", "show", short)
+        assert short in table_out and "Timeline" in table_out and "Isolation" in table_out
+        assert (await cli.json("alloc", "show", "cli-test"))["allocation_id"] == aid
         if base:
             assert shown["runtime"]["slug"] == "gpuaas-base" and shown["runtime"]["digest"] == base.digest
             assert shown["driver"] == "container" and shown["limits"]["pids"] > 0
@@ -140,7 +164,7 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
             rc, _, err = await cli("alloc", "create", "--gpus", "1", "--runtime", "no-such-runtime", ok=False)
             assert rc == 1 and "runtime_unavailable, HTTP 422" in err, err
 
-        argv = (await cli.json("alloc", "ssh", aid, "--print"))["argv"]
+        argv = (await cli.json("alloc", "ssh", "cli-test", "--print"))["argv"]  # by name (issue 21)
         port, target = int(argv[argv.index("-p") + 1]), argv[-1]
         user, hostname = target.split("@")
         async with asyncssh.connect(
@@ -148,21 +172,22 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         ) as conn:
             assert (await conn.run("echo cli-$((6*7))", check=True, timeout=20)).stdout.strip() == "cli-42"
 
-        resized = await cli.json("alloc", "resize", aid, "2", "--wait", "--timeout", "120")
+        resized = await cli.json("alloc", "resize", "cli-test", "2", "--wait", "--timeout", "120")
         assert resized["status"] == "active" and resized["gpu_count"] == 2
-        restarted = await cli.json("alloc", "restart", aid, "--wait", "--timeout", "120")
+        restarted = await cli.json("alloc", "restart", aid[:13], "--wait", "--timeout", "120")
         assert restarted["status"] == "active" and restarted["allocation_id"] == aid
         rc, _, err = await cli("alloc", "resize", aid, "64", ok=False)
         assert rc == 1 and "error:" in err  # more GPUs than the host has: a problem, not a traceback
         assert "Traceback" not in err
         # Grants: a colleague's key on this allocation, listed, removed.
         (tmp_path / "hal.pub").write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_public_key())
-        grant = await cli.json("grants", "add", aid, colleague, str(tmp_path / "hal.pub"))
+        hal = f"hal-{run}@cli-{run}.example.com"
+        grant = await cli.json("grants", "add", "cli-test", hal.upper(), str(tmp_path / "hal.pub"))
         assert grant["user_id"] == colleague and grant["status"] in ("pending", "active")
         assert grant["grant_id"] in [g["grant_id"] for g in await cli.json("grants", "list", aid)]
         _, grants_table, _ = await cli("grants", "list", aid)
-        assert grant["fingerprint"] in grants_table
-        revoked = await cli.json("grants", "remove", aid, grant["grant_id"])
+        assert grant["fingerprint"] in grants_table and hal in grants_table
+        revoked = await cli.json("grants", "remove", "cli-test", grant["fingerprint"])
         assert revoked["grant_id"] == grant["grant_id"] and revoked["status"] != "active"
 
         # Apps: deploy onto the allocation (a real app controller runs), add a worker on a second one,
@@ -183,9 +208,17 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
             "--wait", "--timeout", "120",
         )  # fmt: skip
         assert worker["status"] == "active"
+        # An ambiguous prefix names both candidates (short ids and names) instead of guessing.
+        wid = worker["allocation_id"]
+        common = aid[: next((i for i, (x, y) in enumerate(zip(aid, wid, strict=True)) if x != y), 0)]
+        rc, _, err = await cli("alloc", "show", common or "0", ok=False)
+        if common:
+            assert rc == 1 and "ambiguous_reference" in err and "cli-test" in err and "worker" in err, err
+        rc, _, err = await cli("alloc", "ssh", "no-such-allocation", ok=False)
+        assert rc == 1 and "not_found" in err and "validation_error" not in err, err
 
         rc, out, err = await cli(
-            "--json", "apps", "deploy", APP, "--name", "cli-cluster", "--controller", aid,
+            "--json", "apps", "deploy", APP, "--name", "cli-cluster", "--controller", "cli-test",
             "--mode", "same_node", "-c", "cluster_name=cli", "--wait", "--timeout", "240", ok=False,
         )  # fmt: skip
         assert rc == 0, (out[-3000:], err[-3000:])
@@ -194,7 +227,9 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         assert inst["status"] == "running" and [m["allocation_id"] for m in inst["members"]] == [aid]
         assert inst["config"]["cluster_name"] == "cli"
         assert iid in [i["instance_id"] for i in await cli.json("apps", "status")]
-        op = await cli.json("apps", "add-worker", iid, worker["allocation_id"])
+        _, instances_table, _ = await cli("apps", "status")
+        assert iid not in instances_table and iid[:8] in instances_table  # a short id
+        op = await cli.json("apps", "add-worker", "cli-cluster", "worker")
         assert op["kind"] == "add" and op["status"] in ("pending", "claimed", "in_progress", "succeeded")
 
         async def members(want: int) -> Any:
@@ -204,13 +239,18 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
 
         i = await eventually(lambda: members(2), 180, "the worker added", interval_s=1)
         member = next(m for m in i["members"] if m["allocation_id"] == worker["allocation_id"])
-        op = await cli.json("apps", "remove-worker", iid, member["member_id"])
+        _, status_table, _ = await cli("apps", "status", "cli-cluster")
+        member_short = next(w for w in status_table.split() if len(w) >= 8 and member["member_id"].startswith(w))
+        op = await cli.json("apps", "remove-worker", "cli-cluster", member_short)
         assert op["kind"] == "remove"
         i = await eventually(lambda: members(1), 180, "the worker removed", interval_s=1)
         assert {o["kind"] for o in i["operations"] if o["status"] == "succeeded"} >= {"add", "remove"}
         _, status_table, _ = await cli("apps", "status", iid)
         assert "cli-cluster" in status_table and "Operations" in status_table and "running" in status_table
-        done = await cli.json("apps", "decommission", iid, "--wait", "--timeout", "240")
+        # Not a launchable app: nothing to open in a browser, said plainly.
+        rc, out, err = await cli("apps", "open", "cli-cluster", "--no-browser", ok=False)
+        assert rc == 1 and "not_launchable" in err and "Traceback" not in err, err
+        done = await cli.json("apps", "decommission", "cli-cluster", "--wait", "--timeout", "240")
         assert done["status"] == "decommissioned"
 
         # A problem+json answer is shown clearly: detail, stable code, HTTP status; exit 1, no traceback.
@@ -228,12 +268,26 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         assert cost["period_start"] and [p["project_id"] for p in cost["projects"]] in ([], [pid])
         _, cost_table, _ = await cli("cost")
         assert "Period" in cost_table and "Per project" in cost_table
+
+        # The daily series (the GPU price this test published: the released allocations are charged).
+        async def charged() -> Any:
+            daily = await cli.json("cost", "--by", "day")
+            return daily if daily["days"] else None
+
+        daily = await eventually(charged, 120, "charges of the released allocations", interval_s=2)
+        cost = await cli.json("cost")
+        assert sum(Decimal(d["amount"]) for d in daily["days"]) == Decimal(cost["totals"][0]["amount"]) > 0
+        _, daily_table, _ = await cli("cost", "--by", "day")
+        assert "Daily spend" in daily_table and daily["days"][0]["day"] in daily_table, daily_table
+        assert MONEY.search(daily_table) and "Period total" in daily_table
+        _, cost_table, _ = await cli("cost")
+        assert MONEY.search(cost_table) and " cli " in cost_table  # the project by name, money with currency
         # Keys and volumes go away.
-        await cli.json("keys", "delete", added["key_id"])
+        await cli.json("keys", "delete", "laptop")
         assert await cli.json("keys", "list") == []
         tmp = await cli.json("volumes", "create", "tmp", "--size", "1", "--no-persist")
         assert tmp["persist"] is False and tmp["after_release"]
-        assert (await cli.json("volumes", "delete", tmp["volume_id"]))["deleted"] == tmp["volume_id"]
+        assert (await cli.json("volumes", "delete", "tmp"))["deleted"] == tmp["volume_id"]
         left = {v["volume_id"]: v["status"] for v in await cli.json("volumes", "list")}
         assert left.get(tmp["volume_id"]) in (None, "deleted")
         _, vol_table, _ = await cli("volumes", "list")

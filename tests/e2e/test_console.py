@@ -10,7 +10,11 @@ the instance, release the allocation, see the cost appear, the narrow-screen lay
 pages, and create a budget and see it listed. On a stack with the runtime images (container driver), the
 first allocation is created from a runtime picked in the form (gpuaas-scipy), and its page must show that
 runtime, its digest, the driver and the limits, and after release the agent's release checks; the operator's
-hosts page shows the host's driver and tenancy. Any console error fails it; every page is screenshotted.
+hosts page shows the host's driver and tenancy. Issue 21: the tenant sees no operator menu, the SSH grant picks
+the member by name and email (the grant row shows the member, not a raw id), the deploy wizard shows the
+app's runtime image, a non-launchable instance has no "Open" button, the operator's capacity page draws (its
+charts are checked against the APIs in test_console_insight.py). Any console error fails it; every page is
+screenshotted.
 (SSO from the console is in test_identity_sso.py, next to the enterprise IdP it needs.)"""
 
 from __future__ import annotations

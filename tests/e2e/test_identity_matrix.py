@@ -178,6 +178,11 @@ ROWS[("GET", "/api/billing/costs")] = Row(
     params=lambda w: {"tenant_id": w.tenant_id},
     expect=lambda role: {"platform_admin": "2xx", "tenant_admin": "2xx", "other_tenant": "404"}.get(role, "403"),
 )
+# issue 21: the daily spend series has the same scope rules as /costs
+ROWS[("GET", "/api/billing/costs/daily")] = Row(
+    params=lambda w: {"tenant_id": w.tenant_id},
+    expect=lambda role: {"platform_admin": "2xx", "tenant_admin": "2xx", "other_tenant": "404"}.get(role, "403"),
+)
 
 
 async def _fresh_host(w: World) -> dict[str, str]:
@@ -245,6 +250,7 @@ ROWS.update(
         ("DELETE", f"{_A}/ssh-keys/{{key_id}}"): Row(exempt="own keys only; test_allocations_gateway.py"),
         ("GET", "/api/metering/usage/app"): Row(expect=_self_service),  # filtered to visible projects
         ("GET", "/api/metering/meters"): Row(expect=_self_service),  # filtered to visible projects
+        ("GET", "/api/metering/usage/gpu-hours"): Row(expect=_self_service),  # filtered to visible projects
         ("POST", "/api/metering/usage/app"): Row(
             exempt="app-controller service accounts only; test_billing_proofs.py "
             "test_every_app_usage_event_posted_twice_is_charged_once"
@@ -364,6 +370,8 @@ for _m, _p in [
     ("POST", "/operations/{operation_id}/retry"),
     ("POST", "/operations/{operation_id}/cancel"),
     ("POST", "/operations/{operation_id}/force-fail"),
+    *(("GET", "/instances/{instance_id}/workload"), ("POST", "/instances/{instance_id}/workload/open")),
+    ("GET", "/instances/{instance_id}/workload/watch"),  # launchable apps: test_jupyter.py
 ]:
     ROWS[(_m, _R + _p)] = Row(exempt=INSTANCE)
 for _m, _p in [
@@ -379,6 +387,7 @@ for _m, _p in [
     ("PUT", "/controller/members/{member_id}/status"),
     ("POST", "/controller/instances/{instance_id}/events"),
     ("GET", "/controller/instances/{instance_id}/credential"),
+    *(("GET", "/controller/instances/{instance_id}/state"), ("PUT", "/controller/instances/{instance_id}/state")),
 ]:
     ROWS[(_m, _R + _p)] = Row(exempt=CONTROLLER)
 _B = "/api/billing"

@@ -130,6 +130,8 @@ class Saga:
     refused: int = 0
     retries: dict[str, int] = field(default_factory=dict)
     overlaps: list[str] = field(default_factory=list)
+    cycles: int = 0  # full cycles done: each cycle's allocations get names of their own (tests/deploy repeats it)
+    current: list[str] = field(default_factory=list)  # this cycle's allocations: what wait_all/release_all act on
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -224,7 +226,7 @@ class Saga:
                 json={
                     "gpu_model": "H100-80GB",
                     "gpu_count": GPUS_PER_ALLOCATION,
-                    "name": f"ft-{i}",
+                    "name": f"ft-{self.cycles}-{i}",
                     "host_class": f"ft-{self.run}",
                 },
                 ok=(201, 409),
@@ -235,8 +237,8 @@ class Saga:
             # Created, but the answer died with the process: find it, as a client would, by its name.
             self.retries["response lost"] = self.retries.get("response lost", 0) + 1
             listed = await call(self.client, "GET", f"/api/allocations/projects/{self.project}/allocations", ok=(200,))
-            mine = [a for a in listed.json() if a["name"] == f"ft-{i}"]
-            assert len(mine) == 1, f"ft-{i}: {mine}"
+            mine = [a for a in listed.json() if a["name"] == f"ft-{self.cycles}-{i}"]
+            assert len(mine) == 1, f"ft-{self.cycles}-{i}: {mine}"
             return 201, mine[0]
 
         results = await asyncio.gather(*[one(i) for i in range(n)])
@@ -245,11 +247,13 @@ class Saga:
         assert all(p.get("code") == "insufficient_capacity" for p in refused), refused
         assert len(created) == n - extra, f"{len(created)} created, {len(refused)} refused of {n}: {refused}"
         self.allocations += created
+        self.current = created
         self.refused += len(refused)
 
-    async def statuses(self) -> dict[str, str]:
+    async def statuses(self, ids: list[str] | None = None) -> dict[str, str]:
+        """Each allocation's status (every cycle's unless `ids`)."""
         out = {}
-        for aid in self.allocations:
+        for aid in self.allocations if ids is None else ids:
             r = await call(self.client, "GET", f"/api/allocations/allocations/{aid}", ok=(200,), stats=self.retries)
             out[aid] = r.json()["status"]
         return out
@@ -257,7 +261,7 @@ class Saga:
     async def wait_all(self, wanted: str, timeout_s: float = 180.0) -> None:
         async def done() -> bool:
             await self.check_no_overlap()
-            return set((await self.statuses()).values()) == {wanted}
+            return set((await self.statuses(self.current)).values()) == {wanted}
 
         await eventually(done, timeout_s, f"every allocation {wanted}", interval_s=0.5)
 
@@ -272,7 +276,7 @@ class Saga:
         await asyncio.gather(
             *[
                 call(self.client, "POST", f"/api/allocations/allocations/{aid}/release", ok=(202,), stats=self.retries)
-                for aid in self.allocations
+                for aid in self.current
             ]
         )
 
@@ -296,6 +300,7 @@ class Saga:
         await self.wait_all("active")
         await self.release_all()
         await self.wait_all("released")
+        self.cycles += 1
 
 
 # -------------------------------------------------------------------------------------------- invariants

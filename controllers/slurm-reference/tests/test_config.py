@@ -90,3 +90,13 @@ def test_access_bundle_has_exact_paths_commands_and_honest_versions() -> None:
     assert any("scontrol ping" in h for h in b["health_examples"])
     assert b["versions"] == {"app_version": "1.0.0", "slurmctld": "22.05.8", "munge": "0.5.15"}
     assert Cluster.from_json(c.to_json()) == c
+
+
+def test_member_address_prefers_the_project_network() -> None:
+    from gpuaas.slurm_reference.adapter import member_address
+
+    ep = {"host": "127.0.0.1", "port": 2222, "username": "bob"}
+    container = {"ssh_endpoint": ep, "network": {"name": "gpuaas-p-1", "address": "10.89.0.5", "scope": "host"}}
+    assert member_address(container) == "10.89.0.5"  # container host: the daemons listen in the allocation
+    assert member_address({"ssh_endpoint": ep, "network": None}) == "127.0.0.1"  # process host: the host's
+    assert member_address({"ssh_endpoint": ep, "network": {"name": "n", "address": None}}) == "127.0.0.1"

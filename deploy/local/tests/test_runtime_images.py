@@ -56,10 +56,13 @@ def test_recipe_extends_its_base_and_hashes_what_shapes_the_image(tmp_path: Path
 
 
 def test_shipped_recipes() -> None:
-    base, scipy = (ri.load_recipe(s) for s in ri.DEFAULT_IMAGES)
+    base, scipy, jupyter, slurm = (ri.load_recipe(s) for s in ri.DEFAULT_IMAGES)
     assert {"bash", "sudo", "python3", "procps", "passwd", "ca-certificates"} <= set(base.packages)
-    assert set(base.packages) < set(scipy.packages)
+    for extended in (scipy, jupyter, slurm):  # each extends the base image
+        assert set(base.packages) < set(extended.packages), extended.slug
     assert {"python3-numpy", "python3-scipy", "jupyter-notebook"} <= set(scipy.packages)
+    assert any(r.startswith("jupyterlab==") for r in jupyter.pip)  # pinned: the recipe hash follows it
+    assert {"slurm-wlm", "munge"} <= set(slurm.packages)
     assert (base.version, scipy.version) == ("1.0.0", "1.0.0")
 
 
@@ -96,7 +99,7 @@ def test_a_second_build_is_the_cached_image(images: list[ri.BuiltImage]) -> None
     t0 = time.monotonic()
     again = ri.ensure_images()
     assert time.monotonic() - t0 < 10
-    assert [i.built for i in again] == ["cached", "cached"]
+    assert [i.built for i in again] == ["cached"] * len(ri.DEFAULT_IMAGES)
     assert [i.image_id for i in again] == [i.image_id for i in images]
     info = json.loads(podman("image", "inspect", again[0].local_ref, check=True).stdout)[0]
     assert info["Config"]["Cmd"] == ri.IDLE_CMD

@@ -205,7 +205,7 @@ def test_runtime_images_are_seeded_and_the_agents_run_the_container_driver(stack
     registry = read_json(root / "stack.json")["registry"]
     assert registry["error"] is None and stack.runtimes.seed_error is None
     assert registry["agent_driver"] == "container" and alive(registry["pid"])
-    assert set(registry["images"]) == {"gpuaas-base", "gpuaas-scipy"}
+    assert set(registry["images"]) == {"gpuaas-base", "gpuaas-scipy", "gpuaas-jupyter", "gpuaas-slurm"}
     base = registry["images"]["gpuaas-base"]
     assert base["ref"] == f"{registry['address']}/runtimes/gpuaas-base@{base['digest']}"
     email, password = stack.admin_login

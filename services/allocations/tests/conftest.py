@@ -280,7 +280,7 @@ class FakeAgent:
         assert r.status_code == 200, r.text
         return list(r.json())
 
-    async def task_for(self, allocation_id: str, kind: str) -> dict[str, Any]:
+    async def task_for(self, allocation_id: str, kind: str, timeout_s: float = 20) -> dict[str, Any]:
         async def leased() -> dict[str, Any] | None:
             self.leased.extend(await self.tasks(0.5))
             found = next((t for t in self.leased if t["allocation_id"] == allocation_id and t["kind"] == kind), None)
@@ -288,7 +288,7 @@ class FakeAgent:
                 self.leased.remove(found)
             return found
 
-        return dict(await wait_for(leased, 20, f"{kind} task of {allocation_id}"))
+        return dict(await wait_for(leased, timeout_s, f"{kind} task of {allocation_id}"))
 
     async def complete(self, task: dict[str, Any], ok: bool = True, message: str = "", **result: Any) -> None:
         r = await self.client.post(

@@ -275,6 +275,7 @@ async def test_tenant_reads_and_visibility(identity: Identity) -> None:
     assert [t["tenant_id"] for t in mine] == [tid]
     members = (await identity.client.get(f"/projects/{w['project_id']}/members", headers=w["project_member"])).json()
     assert [m["email"] for m in members] == [w["project_member_email"]]
+    assert all(isinstance(m["display_name"], str) for m in members)  # the console's member picker shows it
     me = (await identity.client.get("/me", headers=w["project_member"])).json()
     assert me["tenant_id"] == tid and me["memberships"][0]["role"] == "project_member"
     # duplicate email and bad input: 4xx, never a partial write

@@ -26,6 +26,7 @@ const routes: Array<[RegExp, Page, string]> = [
   [/^\/instances\/([\w-]+)$/, instanceDetail, "App instance"],
   [/^\/billing$/, billing, "Billing"],
   [/^\/admin\/hosts$/, hosts, "Hosts"],
+  [/^\/admin\/capacity(?:\?.*)?$/, (main) => import("./pages/capacity").then((m) => m.capacityPage(main)), "Capacity"],
   [/^\/admin\/artifacts$/, artifacts, "Artifacts and promotions"],
   [/^\/admin\/entitlements$/, entitlements, "Entitlements"],
   [/^\/admin\/dead-letters$/, deadLetters, "Dead letters"],
@@ -45,18 +46,20 @@ function nav(ctx: Context): HTMLElement {
     link("/instances", "Instances"),
     link("/keys", "SSH keys & volumes"),
     link("/billing", "Billing"),
-  ];
+    // tenant admins read their tenant's audit log: theirs, not an operator's page
+    !ctx.operator && ctx.tenantAdminOf.size ? link("/admin/audit", "Audit log") : null,
+  ].filter((l): l is HTMLAnchorElement => l !== null);
+  // Operator navigation only for operators (platform admins).
   const opLinks = ctx.operator
     ? [
         link("/admin/hosts", "Hosts"),
+        link("/admin/capacity", "Capacity"),
         link("/admin/artifacts", "Artifacts"),
         link("/admin/entitlements", "Entitlements"),
         link("/admin/dead-letters", "Dead letters"),
         link("/admin/audit", "Audit log"),
       ]
-    : ctx.tenantAdminOf.size
-      ? [link("/admin/audit", "Audit log")]
-      : [];
+    : [];
   const picker = h(
     "select",
     {

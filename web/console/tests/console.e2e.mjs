@@ -103,6 +103,8 @@ await b.run(result, async () => {
 
   await step("personal tab: sign in", async () => {
     await signIn(USER);
+    // Operator navigation only for operators (issue 21).
+    if (await page.getByRole("navigation", { name: "Operator" }).count()) throw new Error("a tenant sees the operator menu");
     await checkA11y("allocations");
     await shot("allocations-empty");
   });
@@ -165,12 +167,14 @@ await b.run(result, async () => {
 
   await step("grant a project member SSH access", async () => {
     const ssh = page.locator("#ssh");
-    await ssh.getByLabel("Member user id").fill(MEMBER.userId);
+    // The member picker (name and email), not a raw user id (issue 21).
+    await ssh.getByLabel("Project member").selectOption(MEMBER.userId);
     await ssh.getByLabel("Their public key").fill(MEMBER.publicKey);
     await ssh.getByRole("button", { name: "Grant access" }).click();
-    const row = ssh.locator("table tbody tr").filter({ hasText: MEMBER.userId });
+    const row = ssh.locator("table tbody tr").filter({ has: page.locator(`[data-user-id="${MEMBER.userId}"]`) });
     await row.waitFor();
     await row.locator("[data-status=active]").waitFor();
+    if ((await row.textContent())?.includes(MEMBER.userId)) throw new Error("the grant shows a raw user id, not the member");
     await checkA11y("allocation with a grant");
     await shot("allocation-ssh-grant");
   });
@@ -207,6 +211,8 @@ await b.run(result, async () => {
 
   await step("deploy wizard collects the manifest inputs", async () => {
     await page.getByRole("heading", { level: 1, name: /^Deploy/ }).waitFor();
+    // The app's runtime image is shown before anything is deployed (issue 21).
+    await waitText("#deploy-runtime-image", /\S+[@:]\S+/);
     await page.getByLabel("Instance name").fill("console-cluster");
     await page.getByRole("button", { name: "Next" }).click();
     const cluster = page.getByLabel(/cluster_name/);
@@ -227,6 +233,8 @@ await b.run(result, async () => {
 
   await step("instance becomes running", async () => {
     await waitText("#instance-status", /^running$/);
+    // Not a launchable app: no "Open" button (the Jupyter browser test opens a launchable one).
+    if (await page.locator("#open-app").count()) throw new Error("an Open button on a non-launchable app");
     await page.locator("#instance-events li").first().waitFor();
     await checkA11y("instance");
     await shot("instance-running");
@@ -330,6 +338,8 @@ await b.run(result, async () => {
       if (EXPECT_DRIVER === "container") await row.locator('[data-isolates="true"]').waitFor();
       await page.getByRole("heading", { name: "Host classes" }).waitFor();
     }
+    await visit("/admin/capacity", "Capacity", "operator-capacity");
+    await page.locator("#occupancy").waitFor();
     await visit("/admin/artifacts", "Artifacts and promotions", "operator-artifacts");
     await visit("/admin/entitlements", "Entitlements", "operator-entitlements");
     await visit("/admin/dead-letters", "Dead letters", "operator-dead-letters");

@@ -2,7 +2,8 @@
 it expires), the project a command acts in, and how failures end the process.
 
 A problem answered by the platform is printed as `error: <detail> (<code>, HTTP <status>)` and exits 1; a
-connection failure exits 2; a `--wait` that runs out of time exits 3.
+connection failure exits 2; a `--wait` that runs out of time exits 3. A name or short id that names nothing, or
+more than one thing, is printed as `error: ... (not_found | ambiguous_reference)` and exits 1.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any, TypeVar
 import httpx
 import typer
 
+from gpuaas.cli import lookup
 from gpuaas.cli.config import Config, resolve_url
 from gpuaas.cli.output import err
+from gpuaas.cli.refs import Unresolved
 from gpuaas.sdk import ApiError, Client
 
 T = TypeVar("T")
@@ -45,6 +48,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except ApiError as exc:
         detail = exc.problem.get("detail") or exc.problem.get("title") or ""
         err.print(f"[red]error:[/red] {detail} ({exc.code}, HTTP {exc.status})", highlight=False)
+        raise typer.Exit(1) from None
+    except Unresolved as exc:
+        err.print(f"[red]error:[/red] {exc.detail} ({exc.code})", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except httpx.HTTPError as exc:
         err.print(f"[red]error:[/red] cannot reach the platform: {exc.__class__.__name__} {exc}", highlight=False)
@@ -84,9 +90,10 @@ async def call(st: State, action: Callable[[Client], Awaitable[T]]) -> T:
 
 
 async def project_id(st: State, c: Client) -> str:
-    """`--project`, else the selected one, else the first project the user is a member of."""
+    """`--project` (an id, a name, `tenant/name` or a unique id prefix), else the selected one, else the first
+    project the user is a member of."""
     if st.project:
-        return st.project
+        return await lookup.project(c, st.project)
     if st.config.project_id:
         return st.config.project_id
     me = await c.me()

@@ -31,7 +31,7 @@ def _root(
     url: Annotated[str | None, typer.Option(help="Gateway URL (else GPUAAS_URL, config, .local/stack.json)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables")] = False,
     project: Annotated[
-        str | None, typer.Option(envvar="GPUAAS_PROJECT", help="Project id (else the selected one)")
+        str | None, typer.Option(envvar="GPUAAS_PROJECT", help="Project: id, name or id prefix (else the selected one)")
     ] = None,
 ) -> None:
     ctx.obj = State(url_flag=url, json=as_json, project=project)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic_core import to_jsonable_python
@@ -62,3 +63,15 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
     for row in rows:
         t.add_row(*(text(v) for v in row))
     return t
+
+
+def money(amount: Any, currency: str) -> str:
+    """An amount with its currency, never a bare number: at least two decimals, the ledger's further digits
+    only where they are not zero (`5.00 USD`, `0.000702 USD`)."""
+    try:
+        d = Decimal(str(amount))
+    except InvalidOperation:
+        return f"{amount} {currency}"
+    text = format(d.normalize(), "f")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')} {currency}"

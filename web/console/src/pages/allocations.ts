@@ -260,11 +260,22 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
   };
 
   const loadSsh = async () => {
-    const [keys, grants] = await Promise.all([
+    const [keys, grants, members] = await Promise.all([
       get<Obj[]>(`${A}/ssh-keys`).catch(() => [] as Obj[]),
       get<Obj[]>(`${A}/allocations/${id}/ssh-grants`).catch(() => [] as Obj[]),
+      get<Obj[]>(`/api/identity/projects/${alloc.project_id}/members`).catch(() => [] as Obj[]),
     ]);
-    const user = h("input", { name: "user_id", required: true, placeholder: "user id" });
+    // The member picker: the project's members by name and email (one entry per person), not a raw id.
+    const people = new Map<string, Obj>();
+    for (const m of members) if (!people.has(String(m.user_id))) people.set(String(m.user_id), m);
+    const label = (m: Obj) => (m.display_name ? `${m.display_name} <${m.email}>` : m.email ?? String(m.user_id));
+    const who = (userId: string | null) => (userId && people.has(userId) ? label(people.get(userId)!) : userId ?? "—");
+    const user = h(
+      "select",
+      { name: "user_id", required: true },
+      h("option", { value: "" }, "Choose a member…"),
+      [...people.values()].sort((a, b) => label(a).localeCompare(label(b))).map((m) => h("option", { value: m.user_id }, label(m))),
+    );
     const key = h("textarea", { name: "public_key", required: true, rows: 2, placeholder: "ssh-ed25519 AAAA…" });
     const err = h("p", { class: "error", role: "alert", hidden: true });
     clear(
@@ -276,7 +287,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
       table(
         ["User", "Fingerprint", "Origin", "Status", ""],
         grants.map((g) => [
-          g.user_id ?? "—",
+          h("span", { "data-user-id": g.user_id ?? "" }, who(g.user_id)),
           h("code", null, g.fingerprint),
           g.origin,
           badge(g.status),
@@ -313,7 +324,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
           },
         },
         h("h3", null, "Grant a project member access"),
-        field("Member user id", user),
+        field("Project member", user, people.size ? undefined : "The project's members could not be listed."),
         field("Their public key", key),
         err,
         h("button", { type: "submit" }, "Grant access"),
@@ -375,6 +386,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
     );
   };
 
+  let costChart: { destroy: () => void } | null = null;
   const loadMetrics = async () => {
     const parts: HTMLElement[] = [h("h2", { id: "h-metrics" }, "Metrics and health")];
     try {
@@ -402,9 +414,17 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
     if (!canReadBilling(ctx, alloc.project_id, alloc.tenant_id)) {
       parts.push(h("p", { class: "muted" }, "Charges are visible to project and tenant admins."));
     } else try {
-      const charges = await get<Obj[]>("/api/billing/charges", { project_id: alloc.project_id, allocation_id: id, limit: 100 });
-      const total = charges.reduce((s, c) => s + Number(c.amount ?? 0), 0);
-      parts.push(h("p", null, `Charged so far: ${charges.length ? `${total.toFixed(4)} ${charges[0].currency}` : "nothing yet"}`));
+      const charges = await get<Obj[]>("/api/billing/charges", { project_id: alloc.project_id, allocation_id: id, limit: 1000 });
+      costChart?.destroy();
+      costChart = null;
+      if (charges.length) {
+        const { allocationCostChart } = await import("./insight"); // Chart.js loads with the first chart
+        const made = allocationCostChart(charges);
+        costChart = made;
+        parts.push(h("p", { id: "alloc-cost", "data-total": made.figure.dataset.total, "data-currency": made.figure.dataset.currency }, `Cost so far: ${made.total}`), made.figure);
+      } else {
+        parts.push(h("p", { id: "alloc-cost", "data-total": "0" }, "Cost so far: nothing charged yet (charges appear as each hour closes, and at release)"));
+      }
     } catch (ex) {
       parts.push(h("p", { class: "muted" }, `Charges are not available to you: ${describe(ex)}`));
     }
@@ -482,6 +502,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
     source.close();
     window.clearInterval(poll);
     window.clearTimeout(refetch);
+    costChart?.destroy();
   };
 }
 

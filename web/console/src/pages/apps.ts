@@ -1,4 +1,4 @@
-import { describe, get, post, streamEvents } from "../api";
+import { describe, get, post, streamEvents, token } from "../api";
 import type { Context, Obj } from "../context";
 import { badge, clear, field, h, table, when } from "../dom";
 import { go, type Cleanup } from "../nav";
@@ -129,7 +129,25 @@ export async function deployWizard(main: HTMLElement, [slug]: string[], ctx: Con
   const name = h("input", { name: "instance_name", required: true, maxlength: 100, value: `${slug}-1` });
   const version = h("select", { name: "app_version" }, usable.map((v) => h("option", { value: v.version }, `${v.version}${v.runtime_version ? ` (runtime ${v.runtime_version})` : ""}`)));
   const controls = inputControls(manifest.inputs ?? {});
+  // Launchable apps (e.g. JupyterLab) get an allocation of their own at deploy: the placement asks for its
+  // GPUs instead of existing allocations.
+  const launchable = manifest.artifact_kind === "launchable";
   const mode = h("select", { name: "mode" }, h("option", { value: "same_node" }, "same node"), h("option", { value: "split" }, "split over allocations"));
+  const launchModel = h("input", { name: "gpu_model", required: launchable, value: "H100-80GB", list: "deploy-gpu-models" });
+  const launchCount = h("input", { name: "gpu_count", type: "number", min: 1, max: 64, value: 1, required: launchable });
+  // What the instance runs: the app's image (digest-pinned) and what it installs, before anything is deployed.
+  const runtimeFacts = (m: Obj): HTMLElement =>
+    h(
+      "dl",
+      { class: "facts", id: "deploy-runtime" },
+      h("dt", null, "Runtime image"),
+      h("dd", { id: "deploy-runtime-image" }, h("code", null, m.runtime_profile?.image ?? m.artifact_ref ?? "—")),
+      h("dt", null, "Runtime"),
+      h("dd", { id: "deploy-runtime-version" }, m.runtime_version ?? "—"),
+      h("dt", null, "Kind"),
+      h("dd", null, launchable ? "launchable (opens in the browser)" : m.artifact_kind),
+    );
+  const runtimeBox = h("div", null, runtimeFacts(manifest));
   const allocLabel = (a: Obj) => `${a.name} (${a.gpu_count} × ${a.gpu_model})`;
   const controller = h("select", { name: "controller_allocation", required: true }, allocs.map((a) => h("option", { value: a.allocation_id }, allocLabel(a))));
   const workerBoxes = allocs.map((a) => h("label", { class: "inline" }, h("input", { type: "checkbox", name: "worker", value: a.allocation_id }), ` ${allocLabel(a)}`));
@@ -137,22 +155,32 @@ export async function deployWizard(main: HTMLElement, [slug]: string[], ctx: Con
   const err = h("p", { class: "error", role: "alert", hidden: true });
   const roles: Obj[] = manifest.roles ?? [];
   const panes = [
-    h("fieldset", null, h("legend", null, "Basics"), field("Instance name", name), field("Version", version, "App version and, separately, the runtime it installs.")),
+    h("fieldset", null, h("legend", null, "Basics"), field("Instance name", name), field("Version", version, "App version and, separately, the runtime it installs."), runtimeBox),
     h(
       "fieldset",
       null,
       h("legend", null, "Configuration"),
       controls.length ? controls.map((c) => c.el) : h("p", { class: "muted" }, "This app asks for no configuration."),
     ),
-    h(
-      "fieldset",
-      null,
-      h("legend", null, "Placement"),
-      allocs.length ? null : h("p", { class: "error", role: "alert" }, "You need an active allocation: create one first."),
-      field("Mode", mode),
-      field(`${roles[0]?.key ?? "Controller"} allocation`, controller),
-      h("fieldset", null, h("legend", null, `${roles[1]?.key ?? "Worker"} allocations (optional)`), workerBoxes),
-    ),
+    launchable
+      ? h(
+          "fieldset",
+          null,
+          h("legend", null, "Placement"),
+          h("p", { class: "help" }, "A new allocation is created for this app, from its image."),
+          field("GPU model", launchModel),
+          h("datalist", { id: "deploy-gpu-models" }, ["H100-80GB", "A100-80GB", "L40S-48GB"].map((m) => h("option", { value: m }))),
+          field("GPUs", launchCount),
+        )
+      : h(
+          "fieldset",
+          null,
+          h("legend", null, "Placement"),
+          allocs.length ? null : h("p", { class: "error", role: "alert" }, "You need an active allocation: create one first."),
+          field("Mode", mode),
+          field(`${roles[0]?.key ?? "Controller"} allocation`, controller),
+          h("fieldset", null, h("legend", null, `${roles[1]?.key ?? "Worker"} allocations (optional)`), workerBoxes),
+        ),
     h("fieldset", null, h("legend", null, "Review"), review),
   ];
   const back = h("button", { type: "button", class: "secondary" }, "Back");
@@ -168,11 +196,13 @@ export async function deployWizard(main: HTMLElement, [slug]: string[], ctx: Con
       app_slug: slug,
       app_version: version.value || null,
       config,
-      placement_intent: {
-        mode: mode.value,
-        controller_allocation_id: controller.value || null,
-        worker_allocation_ids: [...main.querySelectorAll<HTMLInputElement>("input[name=worker]:checked")].map((i) => i.value),
-      },
+      placement_intent: launchable
+        ? { mode: "launch", gpu_model: launchModel.value, gpu_count: Number(launchCount.value) }
+        : {
+            mode: mode.value,
+            controller_allocation_id: controller.value || null,
+            worker_allocation_ids: [...main.querySelectorAll<HTMLInputElement>("input[name=worker]:checked")].map((i) => i.value),
+          },
     };
   };
   const show = () => {
@@ -186,6 +216,10 @@ export async function deployWizard(main: HTMLElement, [slug]: string[], ctx: Con
   back.addEventListener("click", () => {
     step = Math.max(0, step - 1);
     show();
+  });
+  version.addEventListener("change", () => {
+    const chosen = usable.find((v) => v.version === version.value);
+    if (chosen) clear(runtimeBox, runtimeFacts(chosen));
   });
   const form = h(
     "form",
@@ -259,8 +293,33 @@ export async function instanceDetail(main: HTMLElement, [id]: string[], ctx: Con
   const notice = h("p", { role: "status", class: "notice", "aria-live": "polite" });
   const seen = new Set<number>();
 
+  // Launchable apps open in the browser through the gateway (/apps/{id}/): the access token goes in the
+  // URL once, the gateway trades it for a cookie scoped to the app and drops it from the address.
+  const openBox = h("span", { class: "inline" });
   const paint = () => {
     clear(header, h("h1", null, inst.name), badge(inst.status));
+    const workload = inst.runtime_detail?.workload;
+    clear(
+      openBox,
+      workload && inst.status === "running"
+        ? h(
+            "button",
+            {
+              type: "button",
+              class: "primary",
+              id: "open-app",
+              "data-open-path": workload.open_path ?? `/apps/${id}/`,
+              onclick: async () => {
+                const path = workload.open_path ?? `/apps/${id}/`;
+                window.open(`${path}?access_token=${encodeURIComponent(await token())}`, "_blank", "noopener");
+              },
+            },
+            `Open ${inst.app_slug}`,
+          )
+        : workload
+          ? h("span", { class: "muted", id: "open-app-waiting" }, `Opens once running (${inst.status})`)
+          : null,
+    );
     clear(
       facts,
       h("h2", { id: "h-inst" }, "Overview"),
@@ -406,7 +465,7 @@ export async function instanceDetail(main: HTMLElement, [id]: string[], ctx: Con
   clear(
     main,
     header,
-    h("div", { class: "actions" }, decommission),
+    h("div", { class: "actions" }, openBox, decommission),
     notice,
     facts,
     membersBox,

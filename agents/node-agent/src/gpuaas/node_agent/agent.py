@@ -306,12 +306,20 @@ class Agent:
         await self.step(task, "runtime", message, started_at=t1)
         if p.get("volumes"):
             await self.step(task, "volumes", f"{len(p['volumes'])} volume(s) mounted")
+        extra: dict[str, Any] = {}
+        if p.get("workload"):  # a launchable app (issue 21): active only once its health check answers
+            t2 = datetime.now(UTC)
+            extra["workload"] = await self.driver.workload_endpoint(ws)
+            port = extra["workload"]["host_port"]
+            await self.step(task, "workload", f"workload healthy on host port {port}", started_at=t2)
         self.workspaces.activate(ws)
         return {
+            **extra,
             "ssh_host": self.s.ssh_advertise_host or self.s.ssh_bind,
             "ssh_port": self.ssh_port,
             "username": p["username"],
             "driver": self.driver.name,
+            "network": await self.driver.network_info(ws),
         }
 
     def _update(self, ws: Workspace, p: dict[str, Any]) -> None:
@@ -330,9 +338,10 @@ class Agent:
             self.workspaces.add_volume(ws, v["volume_id"], v["mount_path"])
         message = await self.driver.restart(ws)
         await self.step(task, "interrupt", f"{sessions} SSH session(s) closed")
+        workload_endpoint = await self.driver.workload_endpoint(ws)  # None without a launchable workload
         self.workspaces.activate(ws)
         await self.step(task, "start", message)
-        return {}
+        return {"network": await self.driver.network_info(ws), "workload": workload_endpoint}
 
     async def _do_resize(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         ws = self._workspace(p)
@@ -342,7 +351,7 @@ class Agent:
         message = await self.driver.apply(ws, [])
         await asyncio.to_thread(self.workspaces.write_marker, ws)
         await self.step(task, "gpus", f"CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}; {message}")
-        return {"gpu_indices": ws.gpu_indices}
+        return {"gpu_indices": ws.gpu_indices, "network": await self.driver.network_info(ws)}
 
     async def _do_sync_ssh_keys(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         ws = self.workspaces.get(p["allocation_id"])

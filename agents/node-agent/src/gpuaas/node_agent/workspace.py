@@ -139,6 +139,9 @@ class Workspaces:
             volumes=[{"volume_id": v["volume_id"], "mount_path": v["mount_path"]} for v in p.get("volumes", [])],
             runtime=p.get("runtime"),
             limits=p.get("limits"),
+            workload=p.get("workload"),  # a launchable app's workload and its secret (issue 21)
+            workload_token=p.get("workload_token"),
+            project_id=p.get("project_id"),  # the container driver's project network (None: no network)
             status=ws.status if ws.status == "active" else "provisioning",
         )
         self.write_keys(ws, p.get("authorized_keys", []))

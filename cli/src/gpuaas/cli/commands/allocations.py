@@ -1,6 +1,7 @@
 """`gpuaas alloc`: create (`--runtime` picks the runtime image), list, show (runtime, driver, limits), runtimes,
 ssh, restart, resize, release, retry-release; `--wait` follows the allocation's timeline (a live table on a
-terminal) until the change settles."""
+terminal) until the change settles. Every ALLOCATION argument is an id, a name or a unique id prefix (the
+short id the tables show)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from gpuaas.cli.context import State, call, client, new_key, project_id, run, state_of
+from gpuaas.cli import lookup
+from gpuaas.cli.context import State, client, new_key, project_id, run, state_of
 from gpuaas.cli.output import emit, err, out, plain, table
+from gpuaas.cli.refs import is_uuid, short_ids
 from gpuaas.sdk import Client
 from gpuaas.sdk.models import Allocation, AllocationStatus, AllocationTimelineEntry, RuntimeOption
 
@@ -44,13 +47,24 @@ class AllocationDetail:
         return {**plain(self.allocation), "timeline": plain(self.timeline)}
 
 
-def allocation_rows(items: list[Allocation]) -> Table:
+Ref = Annotated[str, typer.Argument(metavar="ALLOCATION", help="Id, name or unique id prefix")]
+
+
+async def allocation_ref(st: State, c: Client, ref: str) -> str:
+    """The allocation `ref` names in the project (a full id is taken as it is)."""
+    return ref if is_uuid(ref) else await lookup.allocation(c, await project_id(st, c), ref)
+
+
+def allocation_rows(items: list[Allocation], shorts: dict[str, str] | None = None) -> Table:
+    """One row per allocation; the id column shows the short id the commands accept (unique among `shorts`'
+    ids when given, else among `items`)."""
+    shorts = shorts or short_ids(a.allocation_id for a in items)
     return table(
         "Allocations",
         ["id", "name", "status", "GPUs", "shape", "SSH", "failure"],
         [
             [
-                a.allocation_id,
+                shorts.get(str(a.allocation_id), str(a.allocation_id)),
                 a.name,
                 a.status,
                 f"{a.gpu_count} x {a.gpu_model}",
@@ -140,7 +154,9 @@ def create(
     model: Annotated[str, typer.Option(help="GPU model")] = "H100-80GB",
     shape: Annotated[str, typer.Option(help="gpu_slice or baremetal")] = "gpu_slice",
     host_class: Annotated[str | None, typer.Option(help="Pin a host class")] = None,
-    volume: Annotated[list[str] | None, typer.Option(help="Volume id to attach (repeatable)")] = None,
+    volume: Annotated[
+        list[str] | None, typer.Option(help="Volume (id, name or short id) to attach; repeatable")
+    ] = None,
     runtime: Annotated[
         str | None,
         typer.Option(
@@ -156,14 +172,15 @@ def create(
 
     async def go() -> Allocation:
         async with client(st) as c:
+            pid = await project_id(st, c)
             a = await c.create_allocation(
-                await project_id(st, c),
+                pid,
                 name=name,
                 shape=shape,
                 gpu_model=model,
                 gpu_count=None if shape == "baremetal" else gpus,
                 host_class=host_class,
-                volume_ids=volume or [],
+                volume_ids=[await lookup.volume(c, pid, v) for v in volume or []],
                 runtime=runtime,
                 idempotency_key=new_key(),
             )
@@ -182,20 +199,26 @@ def list_(ctx: typer.Context, released: Annotated[bool, typer.Option(help="Inclu
     """Allocations of the project."""
     st = state_of(ctx)
 
-    async def go() -> list[Allocation]:
+    async def go() -> tuple[list[Allocation], dict[str, str]]:
         async with client(st) as c:
-            return await c.allocations(await project_id(st, c), include_released=released)
+            every = await c.allocations(await project_id(st, c), include_released=True)
+        # short ids unique among released ones too: the commands resolve against all of them
+        shown = every if released else [a for a in every if a.status != Status.released]
+        return shown, short_ids(a.allocation_id for a in every)
 
-    emit(st, run(go()), lambda items: out.print(allocation_rows(items)))
+    items, shorts = run(go())
+    emit(st, items, lambda items: out.print(allocation_rows(items, shorts)))
 
 
 @app.command("show")
-def show(ctx: typer.Context, allocation_id: str) -> None:
+def show(ctx: typer.Context, allocation: Ref) -> None:
     """One allocation with its timeline."""
     st = state_of(ctx)
 
-    async def go(c: Client) -> AllocationDetail:
-        return AllocationDetail(await c.allocation(allocation_id), await c.allocation_timeline(allocation_id))
+    async def go() -> AllocationDetail:
+        async with client(st) as c:
+            allocation_id = await allocation_ref(st, c, allocation)
+            return AllocationDetail(await c.allocation(allocation_id), await c.allocation_timeline(allocation_id))
 
     def render(d: AllocationDetail) -> None:
         out.print(allocation_rows([d.allocation]))
@@ -210,7 +233,7 @@ def show(ctx: typer.Context, allocation_id: str) -> None:
             )
         )
 
-    emit(st, run(call(st, go)), render)
+    emit(st, run(go()), render)
 
 
 @app.command("runtimes")
@@ -237,14 +260,19 @@ def runtimes(ctx: typer.Context) -> None:
 @app.command("ssh")
 def ssh(
     ctx: typer.Context,
-    allocation_id: str,
+    allocation: Ref,
     identity: Annotated[Path | None, typer.Option("-i", help="Private key file")] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the ssh command instead of running it")] = False,
     command: Annotated[list[str] | None, typer.Argument(help="Remote command")] = None,
 ) -> None:
     """SSH into an allocation (runs OpenSSH's ssh)."""
     st = state_of(ctx)
-    a = run(call(st, lambda c: c.allocation(allocation_id)))
+
+    async def go() -> Allocation:
+        async with client(st) as c:
+            return await c.allocation(await allocation_ref(st, c, allocation))
+
+    a = run(go())
     ep = a.ssh_endpoint
     if not ep:
         err.print(f"[red]error:[/red] allocation is {a.status}: no SSH endpoint yet")
@@ -261,19 +289,20 @@ def ssh(
 
 def _change(
     ctx: typer.Context,
-    allocation_id: str,
+    allocation: str,
     wait: bool,
     timeout: float,
     done: set[AllocationStatus],
     request: Callable[..., Awaitable[Allocation]],
     *args: Any,
 ) -> None:
-    """One change of an allocation: the client's `request(allocation_id, *args)` under a new idempotency
-    key, followed to one of `done` with --wait."""
+    """One change of an allocation (named by id, name or short id): the client's `request(allocation_id,
+    *args)` under a new idempotency key, followed to one of `done` with --wait."""
     st = state_of(ctx)
 
     async def go() -> Allocation:
         async with client(st) as c:
+            allocation_id = await allocation_ref(st, c, allocation)
             a = await request(c, allocation_id, *args, idempotency_key=new_key())
             if wait:
                 a = await wait_allocation(st, c, allocation_id, done, timeout)
@@ -286,24 +315,24 @@ def _change(
 
 
 @app.command("restart")
-def restart(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
+def restart(ctx: typer.Context, allocation: Ref, wait: Wait = False, timeout: Timeout = 300) -> None:
     """Restart in place (same id, host, endpoint, keys and volumes)."""
-    _change(ctx, allocation_id, wait, timeout, RUNNING_OR_FAILED, Client.restart_allocation)
+    _change(ctx, allocation, wait, timeout, RUNNING_OR_FAILED, Client.restart_allocation)
 
 
 @app.command("resize")
-def resize(ctx: typer.Context, allocation_id: str, gpus: int, wait: Wait = False, timeout: Timeout = 300) -> None:
+def resize(ctx: typer.Context, allocation: Ref, gpus: int, wait: Wait = False, timeout: Timeout = 300) -> None:
     """Change the GPU count of a gpu_slice allocation."""
-    _change(ctx, allocation_id, wait, timeout, RUNNING_OR_FAILED, Client.resize_allocation, gpus)
+    _change(ctx, allocation, wait, timeout, RUNNING_OR_FAILED, Client.resize_allocation, gpus)
 
 
 @app.command("release")
-def release(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
+def release(ctx: typer.Context, allocation: Ref, wait: Wait = False, timeout: Timeout = 300) -> None:
     """Release (billing stops at the request)."""
-    _change(ctx, allocation_id, wait, timeout, RELEASED_OR_FAILED, Client.release_allocation)
+    _change(ctx, allocation, wait, timeout, RELEASED_OR_FAILED, Client.release_allocation)
 
 
 @app.command("retry-release")
-def retry_release(ctx: typer.Context, allocation_id: str, wait: Wait = False, timeout: Timeout = 300) -> None:
+def retry_release(ctx: typer.Context, allocation: Ref, wait: Wait = False, timeout: Timeout = 300) -> None:
     """Retry a release that failed."""
-    _change(ctx, allocation_id, wait, timeout, RELEASED_OR_FAILED, Client.retry_release_allocation)
+    _change(ctx, allocation, wait, timeout, RELEASED_OR_FAILED, Client.retry_release_allocation)

@@ -1,20 +1,26 @@
 """`gpuaas apps`: the app catalog (what your organisation may deploy) and your app instances: deploy,
-status, add/remove a worker, decommission; `--wait` follows the instance's timeline until it settles."""
+status, add/remove a worker, decommission, open (a launchable app in the browser); `--wait` follows the
+instance's timeline until it settles. An INSTANCE, an allocation or a member is an id, a name or a unique id
+prefix (the short id the tables show)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+import webbrowser
 from dataclasses import dataclass
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 import typer
 from rich.table import Table
 
-from gpuaas.cli.commands.allocations import Timeout, Wait
-from gpuaas.cli.context import State, call, client, new_key, project_id, run, state_of
+from gpuaas.cli import lookup
+from gpuaas.cli.commands.allocations import Timeout, Wait, allocation_ref
+from gpuaas.cli.context import State, client, new_key, project_id, run, state_of
 from gpuaas.cli.output import emit, err, out, plain, table
+from gpuaas.cli.refs import is_uuid, short_ids
 from gpuaas.sdk import Client
 from gpuaas.sdk.models import Instance, InstanceStatus, Manifest, Member, Operation
 
@@ -30,6 +36,12 @@ SETTLED = {
     Status.decommission_failed,
 }
 DECOMMISSION_SETTLED = {Status.decommissioned, Status.decommission_failed}
+InstanceRef = Annotated[str, typer.Argument(metavar="INSTANCE", help="Id, name or unique id prefix")]
+
+
+async def instance_ref(st: State, c: Client, ref: str) -> str:
+    """The app instance `ref` names in the project (a full id is taken as it is)."""
+    return ref if is_uuid(ref) else await lookup.instance(c, await project_id(st, c), ref)
 
 
 @dataclass
@@ -64,11 +76,17 @@ def parse_config(pairs: list[str]) -> dict[str, Any]:
 
 def instance_view(d: InstanceDetail) -> Table:
     i = d.instance
+    members = short_ids(m.member_id for m in d.members)
     return table(
         f"{i.name} ({i.app_slug} {i.app_version}): {i.status}",
         ["member", "component", "allocation", "status"],
         [
-            [m.member_id, m.component_key, m.allocation_id, m.status + (" (tombstone)" if m.tombstoned else "")]
+            [
+                members[str(m.member_id)],
+                m.component_key,
+                m.allocation_id,
+                m.status + (" (tombstone)" if m.tombstoned else ""),
+            ]
             for m in d.members
         ],
     )
@@ -136,8 +154,10 @@ def deploy(
     ctx: typer.Context,
     slug: str,
     name: Annotated[str, typer.Option(help="Instance name")],
-    controller: Annotated[str, typer.Option(help="Allocation id for the controller member")],
-    worker: Annotated[list[str] | None, typer.Option(help="Worker allocation id (repeatable)")] = None,
+    controller: Annotated[str, typer.Option(help="Allocation (id, name or short id) for the controller member")],
+    worker: Annotated[
+        list[str] | None, typer.Option(help="Worker allocation (id, name or short id); repeatable")
+    ] = None,
     config: Annotated[list[str] | None, typer.Option("--config", "-c", help="KEY=VALUE of the app's inputs")] = None,
     mode: Annotated[str, typer.Option(help="same_node or split")] = "split",
     version: Annotated[str | None, typer.Option(help="App version (default: the active one)")] = None,
@@ -149,13 +169,19 @@ def deploy(
 
     async def go() -> InstanceDetail:
         async with client(st) as c:
+            controller_id = await allocation_ref(st, c, controller)
+            worker_ids = [await allocation_ref(st, c, w) for w in worker or []]
             i = await c.deploy(
                 await project_id(st, c),
                 name=name,
                 app_slug=slug,
                 app_version=version,
                 config=parse_config(config or []),
-                placement={"mode": mode, "controller_allocation_id": controller, "worker_allocation_ids": worker or []},
+                placement={
+                    "mode": mode,
+                    "controller_allocation_id": controller_id,
+                    "worker_allocation_ids": worker_ids,
+                },
                 idempotency_key=new_key(),
             )
             if wait:
@@ -169,23 +195,27 @@ def deploy(
 
 
 @app.command("status")
-def status(ctx: typer.Context, instance_id: Annotated[str | None, typer.Argument()] = None) -> None:
+def status(
+    ctx: typer.Context,
+    instance: Annotated[str | None, typer.Argument(metavar="[INSTANCE]", help="Id, name or unique id prefix")] = None,
+) -> None:
     """One instance (members, operations), or every instance of the project."""
     st = state_of(ctx)
 
     async def go() -> InstanceDetail | list[Instance]:
         async with client(st) as c:
-            if instance_id:
-                return await instance_detail(c, instance_id)
+            if instance:
+                return await instance_detail(c, await instance_ref(st, c, instance))
             return await c.instances(project_id=await project_id(st, c))
 
     def render(data: InstanceDetail | list[Instance]) -> None:
         if isinstance(data, list):
+            shorts = short_ids(i.instance_id for i in data)
             out.print(
                 table(
                     "Instances",
                     ["id", "name", "app", "version", "status"],
-                    [[i.instance_id, i.name, i.app_slug, i.app_version, i.status] for i in data],
+                    [[shorts[str(i.instance_id)], i.name, i.app_slug, i.app_version, i.status] for i in data],
                 )
             )
         else:
@@ -204,13 +234,17 @@ def status(ctx: typer.Context, instance_id: Annotated[str | None, typer.Argument
 @app.command("add-worker")
 def add_worker(
     ctx: typer.Context,
-    instance_id: str,
-    allocation_id: str,
+    instance: InstanceRef,
+    allocation: Annotated[str, typer.Argument(metavar="ALLOCATION", help="Id, name or unique id prefix")],
     component: Annotated[str | None, typer.Option(help="Member role (default: the manifest's worker role)")] = None,
 ) -> None:
     st = state_of(ctx)
 
-    async def go(c: Client) -> Operation:
+    async def go() -> Operation:
+        async with client(st) as c:
+            return await request_add(c, await instance_ref(st, c, instance), await allocation_ref(st, c, allocation))
+
+    async def request_add(c: Client, instance_id: str, allocation_id: str) -> Operation:
         key = component
         if key is None:
             manifest = await c.manifest((await c.instance(instance_id)).manifest_id)
@@ -222,24 +256,32 @@ def add_worker(
 
     emit(
         st,
-        run(call(st, go)),
+        run(go()),
         lambda o: out.print(f"Requested {o.kind} of {o.component_key}: {o.status} ({o.operation_id})"),
     )
 
 
 @app.command("remove-worker")
-def remove_worker(ctx: typer.Context, instance_id: str, member_id: str) -> None:
+def remove_worker(
+    ctx: typer.Context,
+    instance: InstanceRef,
+    member: Annotated[str, typer.Argument(metavar="MEMBER", help="Member id or short id, or its allocation's id")],
+) -> None:
     st = state_of(ctx)
-    o = run(
-        call(st, lambda c: c.request_operation(instance_id, "remove", member_id=member_id, idempotency_key=new_key()))
-    )
-    emit(st, o, lambda o: out.print(f"Requested remove: {o.status} ({o.operation_id})"))
+
+    async def go() -> Operation:
+        async with client(st) as c:
+            instance_id = await instance_ref(st, c, instance)
+            member_id = await lookup.member(c, instance_id, member)
+            return await c.request_operation(instance_id, "remove", member_id=member_id, idempotency_key=new_key())
+
+    emit(st, run(go()), lambda o: out.print(f"Requested remove: {o.status} ({o.operation_id})"))
 
 
 @app.command("decommission")
 def decommission(
     ctx: typer.Context,
-    instance_id: str,
+    instance: InstanceRef,
     reason: Annotated[str, typer.Option(help="Why (audited)")] = "decommissioned with the CLI",
     wait: Wait = False,
     timeout: Timeout = 300,
@@ -247,13 +289,59 @@ def decommission(
     """Decommission: done only when the controller verified every member's teardown."""
     st = state_of(ctx)
 
-    async def go(c: Client) -> InstanceDetail:
-        await c.decommission(instance_id, reason, idempotency_key=new_key())
-        if wait:
-            return await wait_instance(st, c, instance_id, DECOMMISSION_SETTLED, timeout)
-        return await instance_detail(c, instance_id)
+    async def go() -> InstanceDetail:
+        async with client(st) as c:
+            instance_id = await instance_ref(st, c, instance)
+            await c.decommission(instance_id, reason, idempotency_key=new_key())
+            if wait:
+                return await wait_instance(st, c, instance_id, DECOMMISSION_SETTLED, timeout)
+            return await instance_detail(c, instance_id)
 
-    d = run(call(st, go))
+    d = run(go())
     emit(st, d, lambda d: out.print(instance_view(d)))
     if wait and d.status != Status.decommissioned:
         raise typer.Exit(1)
+
+
+@app.command("open")
+def open_(
+    ctx: typer.Context,
+    instance: InstanceRef,
+    browser: Annotated[bool, typer.Option(help="Also open it in a browser, when one is available")] = True,
+) -> None:
+    """Print the browser URL of a launchable app (e.g. JupyterLab) through the gateway, and open it.
+
+    The printed URL needs a sign-in: the browser is handed the URL with this session's access token, which
+    the gateway trades for a cookie scoped to the app (the token itself is never printed)."""
+    st = state_of(ctx)
+
+    async def go() -> tuple[dict[str, Any], str | None]:
+        async with client(st) as c:
+            instance_id = await instance_ref(st, c, instance)
+            data = plain(await c.instance(instance_id))
+            return data, c.token
+
+    data, token = run(go())
+    workload = (data.get("runtime_detail") or {}).get("workload")
+    if not workload:
+        err.print(
+            f"[red]error:[/red] {data['name']} ({data['app_slug']}) is not a launchable app: nothing to open "
+            "in a browser (not_launchable)",
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    url = st.url.rstrip("/") + (workload.get("open_path") or f"/apps/{data['instance_id']}/")
+    if data["status"] != "running":
+        err.print(f"{data['name']} is {data['status']}: the app answers once it is running.", highlight=False)
+    opened = False
+    if browser and token:
+        try:
+            opened = webbrowser.get().open(f"{url}?{urlencode({'access_token': token})}")
+        except webbrowser.Error:
+            opened = False
+    emit(
+        st,
+        {"instance_id": data["instance_id"], "name": data["name"], "status": data["status"], "url": url}
+        | {"opened": opened},
+        lambda d: out.print(d["url"], highlight=False, soft_wrap=True),
+    )

@@ -7,11 +7,12 @@ from typing import Annotated, Any
 
 import typer
 
+from gpuaas.cli import lookup
 from gpuaas.cli import sso as sso_flow
 from gpuaas.cli.context import State, call, client, run, state_of
-from gpuaas.cli.output import emit, err, out, table
+from gpuaas.cli.output import emit, err, out, plain, table
 from gpuaas.sdk import ApiError, Client
-from gpuaas.sdk.models import Discovery, Me, Project, TokenResponse
+from gpuaas.sdk.models import Discovery, Project, TokenResponse
 
 
 def login(
@@ -109,25 +110,52 @@ def logout(ctx: typer.Context) -> None:
 
 
 def whoami(ctx: typer.Context) -> None:
-    """Who is signed in, and their memberships."""
+    """Who is signed in: their memberships with tenant and project names, and the selected project."""
     st = state_of(ctx)
 
-    def render(me: Me) -> None:
+    async def go(c: Client) -> dict[str, Any]:
+        me = plain(await c.me())
+        tenants = {str(t["tenant_id"]): t["name"] for t in await c.tenants()}
+        projects = {str(p["project_id"]): p for p in await lookup.my_projects(c)}
+        for m in me["memberships"]:
+            m["tenant_name"] = tenants.get(str(m["tenant_id"])) if m["tenant_id"] else None
+            m["project_name"] = projects.get(str(m["project_id"]), {}).get("name") if m["project_id"] else None
+        me["selected_project_id"] = st.config.project_id
+        return dict(me)
+
+    def render(me: dict[str, Any]) -> None:
+        selected = me["selected_project_id"]
         out.print(
             table(
-                f"{me.email} ({me.user_id})",
-                ["scope", "role", "tenant", "project"],
-                [[m.scope, m.role, m.tenant_id, m.project_id] for m in me.memberships],
+                f"{me['email']} ({me['display_name'] or 'no display name'})",
+                ["scope", "role", "tenant", "project", "selected"],
+                [
+                    [
+                        m["scope"],
+                        m["role"],
+                        m["tenant_name"] or ("the platform" if m["scope"] == "platform" else m["tenant_id"]),
+                        m["project_name"] or (m["project_id"] or "-"),
+                        "*" if m["project_id"] and str(m["project_id"]) == selected else "",
+                    ]
+                    for m in me["memberships"]
+                ],
             )
         )
 
-    emit(st, run(call(st, lambda c: c.me())), render)
+    emit(st, run(call(st, go)), render)
 
 
-def use(ctx: typer.Context, project: Annotated[str, typer.Argument(help="Project id")]) -> None:
+def use(
+    ctx: typer.Context,
+    project: Annotated[str, typer.Argument(help="Project: id, name, tenant/name or a unique id prefix")],
+) -> None:
     """Select the project later commands act in."""
     st = state_of(ctx)
-    p: Project = run(call(st, lambda c: c.project(project)))
+
+    async def go(c: Client) -> Project:
+        return await c.project(await lookup.project(c, project))
+
+    p: Project = run(call(st, go))
     st.config.project_id = str(p.project_id)
     st.config.save()
     emit(st, p, lambda p: out.print(f"Using project [bold]{p.name}[/bold] ({p.project_id})"))

@@ -1,13 +1,16 @@
-"""`gpuaas keys`: your personal SSH keys (list, add, delete)."""
+"""`gpuaas keys`: your personal SSH keys (list, add, delete); a KEY is an id, a name, a fingerprint or a short id."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from gpuaas.cli.context import call, new_key, run, state_of
+from gpuaas.cli import lookup
+from gpuaas.cli.context import call, client, new_key, run, state_of
 from gpuaas.cli.output import emit, out, table
+from gpuaas.cli.refs import short_ids
 
 app = typer.Typer(help="Your personal SSH keys.", no_args_is_help=True)
 
@@ -19,7 +22,11 @@ def list_(ctx: typer.Context) -> None:
         st,
         run(call(st, lambda c: c.ssh_keys())),
         lambda ks: out.print(
-            table("SSH keys", ["id", "name", "fingerprint"], [[k.key_id, k.name, k.fingerprint] for k in ks])
+            table(
+                "SSH keys",
+                ["id", "name", "fingerprint"],
+                [[short_ids(k.key_id for k in ks)[str(k.key_id)], k.name, k.fingerprint] for k in ks],
+            )
         ),
     )
 
@@ -36,7 +43,16 @@ def add(ctx: typer.Context, name: str, public_key_file: Path) -> None:
 
 
 @app.command("delete")
-def delete(ctx: typer.Context, key_id: str) -> None:
+def delete(
+    ctx: typer.Context, key: Annotated[str, typer.Argument(metavar="KEY", help="Id, name, fingerprint or id prefix")]
+) -> None:
     st = state_of(ctx)
-    run(call(st, lambda c: c.delete_ssh_key(key_id)))
-    emit(st, {"deleted": key_id}, lambda _: out.print("Deleted."))
+
+    async def go() -> str:
+        async with client(st) as c:
+            key_id = await lookup.ssh_key(c, key)
+            await c.delete_ssh_key(key_id)
+            return key_id
+
+    key_id = run(go())
+    emit(st, {"deleted": key_id}, lambda _: out.print(f"Deleted {key} ({key_id})."))

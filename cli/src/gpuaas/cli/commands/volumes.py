@@ -1,4 +1,4 @@
-"""`gpuaas volumes`: the project's volumes (list, create, delete)."""
+"""`gpuaas volumes`: the project's volumes (list, create, delete); a VOLUME is an id, a name or a short id."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gpuaas.cli.context import call, client, project_id, run, state_of
+from gpuaas.cli import lookup
+from gpuaas.cli.context import client, project_id, run, state_of
 from gpuaas.cli.output import emit, out, table
+from gpuaas.cli.refs import short_ids
 from gpuaas.sdk.models import Volume
 
 app = typer.Typer(help="Project volumes.", no_args_is_help=True)
 
 
 def volume_rows(vs: list[Volume]) -> Table:
+    shorts = short_ids(v.volume_id for v in vs)
     return table(
         "Volumes",
         ["id", "name", "size", "mode", "status", "after release"],
-        [[v.volume_id, v.name, f"{v.size_gb} GB", v.access_mode, v.status, v.after_release] for v in vs],
+        [[shorts[str(v.volume_id)], v.name, f"{v.size_gb} GB", v.access_mode, v.status, v.after_release] for v in vs],
     )
 
 
@@ -52,7 +55,16 @@ def create(
 
 
 @app.command("delete")
-def delete(ctx: typer.Context, volume_id: str) -> None:
+def delete(
+    ctx: typer.Context, volume: Annotated[str, typer.Argument(metavar="VOLUME", help="Id, name or unique id prefix")]
+) -> None:
     st = state_of(ctx)
-    run(call(st, lambda c: c.delete_volume(volume_id)))
-    emit(st, {"deleted": volume_id}, lambda _: out.print("Deleted."))
+
+    async def go() -> str:
+        async with client(st) as c:
+            volume_id = await lookup.volume(c, await project_id(st, c), volume)
+            await c.delete_volume(volume_id)
+            return volume_id
+
+    volume_id = run(go())
+    emit(st, {"deleted": volume_id}, lambda _: out.print(f"Deleted {volume} ({volume_id})."))

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuaas.sdk import ApiError, Client, Controller, OperationContext, OperationFailed
+from gpuaas.sdk import ApiError, Client, Controller, OperationContext, OperationFailed, ReconcileContext, on
 from gpuaas.sdk.models import Instance, Member
 from gpuaas.slurm_reference.config import (
     Cluster,
@@ -64,6 +64,16 @@ async def ssh_runner(
     return SshRunner(Endpoint(ep["host"], int(ep["port"]), ep["username"]), cred.private_key, on_wait=on_wait)
 
 
+def member_address(alloc: dict[str, Any]) -> str:
+    """How the other members reach this allocation's daemons: its address on the project network (container
+    hosts: each allocation has its own network namespace), else the host's SSH endpoint address (process
+    hosts: the daemons listen on the host itself)."""
+    net = alloc.get("network") or {}
+    if net.get("address"):
+        return str(net["address"])
+    return str((alloc.get("ssh_endpoint") or {}).get("host") or "")
+
+
 class SlurmReference(Controller):
     def __init__(
         self,
@@ -73,10 +83,14 @@ class SlurmReference(Controller):
         node_ready_timeout_s: float = 60.0,
     ) -> None:
         self.runner_factory = runner_factory
-        self.health_every_s = health_every_s
+        self.reconcile_every_s = health_every_s  # the SDK's timer per instance: health, usage, rollouts
         self.node_ready_timeout_s = node_ready_timeout_s
-        self._last_health: dict[uuid.UUID, float] = {}
         self._posted: set[str] = set()  # app usage idempotency keys already accepted
+
+    @classmethod
+    def from_env(cls) -> SlurmReference:
+        """As `gpuaas-controller run` builds it: GPUAAS_HEALTH_EVERY_S sets the health timer."""
+        return cls(health_every_s=float(os.environ.get("GPUAAS_HEALTH_EVERY_S", "15")))
 
     # ----------------------------------------------------------------------------------- plumbing
 
@@ -167,20 +181,9 @@ class SlurmReference(Controller):
 
     # ---------------------------------------------------------------------------------- add / recover
 
-    async def add(self, ctx: OperationContext) -> dict[str, Any]:
-        op = ctx.operation
-        if op.allocation_id is None or op.target_member_id is None:
-            raise OperationFailed("add needs an allocation and a member")
-        if self._is_controller(op.component_key):
-            return await self._add_controller(ctx)
-        return await self._add_worker(ctx)
-
-    async def recover(self, ctx: OperationContext) -> dict[str, Any]:
-        return await self.add(ctx)
-
-    async def replace(self, ctx: OperationContext) -> dict[str, Any]:
-        return await self.add(ctx)
-
+    # `add` per role; the SDK runs the same handler for `recover` and `replace` of that role.
+    @on("add", role="controller")
+    @on("add", role="slurmctld")
     async def _add_controller(self, ctx: OperationContext) -> dict[str, Any]:
         op = ctx.operation
         assert op.allocation_id is not None and op.target_member_id is not None
@@ -194,9 +197,9 @@ class SlurmReference(Controller):
             cluster = existing  # a retried operation: keep the ports and nodes it chose
         else:
             ports = [int(p) for p in (await self._node(runner, cid, "free_ports 3"))["PORTS"].split(",")]
-            ep_host = (await ctx.client.request("GET", f"/api/allocations/allocations/{op.allocation_id}"))[
-                "ssh_endpoint"
-            ]["host"]
+            ep_host = member_address(
+                await ctx.client.request("GET", f"/api/allocations/allocations/{op.allocation_id}")
+            )
             cluster = Cluster(
                 instance_id=str(instance.instance_id),
                 cluster_id=cid,
@@ -262,6 +265,7 @@ class SlurmReference(Controller):
             f"(cluster {cluster.cluster_name}, accounting on slurmdbd:{cluster.dbd_port})",
         )
         await self._publish(ctx.client, instance, cluster, {"status": "healthy", "message": "slurmctld is UP"})
+        ctx.member_detail.update(slurmctld=f"{cluster.ctld_addr}:{cluster.ctld_port}", cluster=cluster.cluster_name)
         return {
             "role": "controller",
             "cluster": cluster.cluster_name,
@@ -294,6 +298,7 @@ class SlurmReference(Controller):
             await ctx.progress("waiting for the Slurm controller", 10)
             await asyncio.sleep(2)
 
+    @on("add")  # any other role is a worker
     async def _add_worker(self, ctx: OperationContext) -> dict[str, Any]:
         op = ctx.operation
         assert op.allocation_id is not None and op.target_member_id is not None
@@ -317,12 +322,12 @@ class SlurmReference(Controller):
         node = cluster.nodes.get(name)
         if node is None or node.allocation_id != str(op.allocation_id):
             port = int((await self._node(worker, cid, "free_ports 1"))["PORTS"])
-            ep = (await ctx.client.request("GET", f"/api/allocations/allocations/{op.allocation_id}"))["ssh_endpoint"]
+            alloc = await ctx.client.request("GET", f"/api/allocations/allocations/{op.allocation_id}")
             node = Node(
                 name=name,
                 member_id=str(member_id),
                 allocation_id=str(op.allocation_id),
-                addr=ep["host"],
+                addr=member_address(alloc),
                 hostname=pre["HOSTNAME"],
                 port=port,
                 cpus=max(1, int(pre.get("CPUS") or 1)),
@@ -364,6 +369,7 @@ class SlurmReference(Controller):
         await ctx.event("node_joined", f"{name} joined partition {cluster.partition} ({state})", node=name)
         instance = await ctx.instance()
         await self._publish(ctx.client, instance, cluster, {"status": "healthy", "message": f"{name} {state}"})
+        ctx.member_detail.update(node=name, slurmd_port=node.port, slurmd_version=version)  # → member.detail
         return {"role": "worker", "node": name, "state": state, "slurmd_version": version, "port": node.port}
 
     async def _wait_ready(self, ctl_runner: Runner, cid: str, name: str) -> str:
@@ -447,15 +453,13 @@ class SlurmReference(Controller):
 
     # ----------------------------------------------------------------------------------------- health
 
-    async def reconcile(self, client: Client, instance: Instance) -> None:
+    async def reconcile(self, ctx: ReconcileContext) -> None:
+        """On the SDK's timer per instance (`reconcile_every_s`) and when the instance changes."""
+        client, instance = ctx.client, ctx.instance_snapshot
         if instance.desired_app_version:
             await client.report_instance(instance.instance_id, app_version=instance.desired_app_version)
         if instance.status not in LIVE_INSTANCE:
             return
-        now = time.monotonic()
-        if now - self._last_health.get(instance.instance_id, 0.0) < self.health_every_s:
-            return
-        self._last_health[instance.instance_id] = now
         members = await client.controller_members(instance.instance_id)
         ctl = self._controller_member(members)
         if ctl is None or ctl.status != "active":

@@ -13,7 +13,13 @@ from typing import Any, Protocol
 
 import asyncssh
 
+from gpuaas.sdk.controller import exec as sdk_exec
+
 NODE_LIB = files("gpuaas.slurm_reference").joinpath("node.sh").read_text()
+# The daemons need root. On a process host the session is the agent's user (root); on a container host it
+# is the allocation's own user, who has passwordless sudo inside its container: go root there (-E keeps
+# GPUAAS_ALLOCATION_ID, which names the node's directory). Without sudo, node.sh's precheck says why not.
+ROOT_SHELL = 'if [ "$(id -u)" != 0 ] && sudo -n true 2>/dev/null; then exec sudo -n -E bash -s; fi; exec bash -s'
 
 
 class NodeError(Exception):
@@ -67,43 +73,21 @@ class SshRunner:
         on_wait: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self.key = asyncssh.import_private_key(private_key)
+        self.private_key = private_key
         self.connect_timeout_s = connect_timeout_s
         self.on_wait = on_wait
 
-    async def _connect(self) -> asyncssh.SSHClientConnection:
-        ep = self.endpoint
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.connect_timeout_s
-        attempt = 0
-        while True:
-            try:
-                return await asyncssh.connect(
-                    ep.host,
-                    ep.port,
-                    username=ep.username,
-                    client_keys=[self.key],
-                    known_hosts=None,
-                    agent_path=None,
-                    config=None,
-                    connect_timeout=10,
-                )
-            except (asyncssh.PermissionDenied, asyncssh.DisconnectError, OSError) as exc:
-                if loop.time() > deadline:
-                    raise NodeError(
-                        f"no SSH access to {ep.username}@{ep.host}:{ep.port} with the instance credential: {exc}"
-                    ) from exc
-                if self.on_wait and attempt % 5 == 0:
-                    await self.on_wait(f"waiting for SSH access to {ep.username}@{ep.host}:{ep.port}")
-                attempt += 1
-                await asyncio.sleep(1)
-
     async def __call__(self, cluster_id: str, action: str, timeout_s: float = 120, **env: Any) -> dict[str, str]:
-        async with await self._connect() as conn:
-            try:
-                r = await conn.run("bash -s", input=script(cluster_id, action, **env), timeout=timeout_s)
-            except asyncssh.TimeoutError as exc:
-                raise NodeError(f"{action}: no answer within {timeout_s:.0f}s") from exc
+        ep = sdk_exec.Endpoint(self.endpoint.host, self.endpoint.port, self.endpoint.username)
+        try:  # the SDK waits, with back-off, until the key is installed and the endpoint answers
+            async with sdk_exec.connect(
+                ep, self.private_key, wait_s=self.connect_timeout_s, on_wait=self.on_wait
+            ) as conn:
+                r = await conn.run(ROOT_SHELL, input=script(cluster_id, action, **env), timeout=timeout_s)
+        except sdk_exec.AccessNotReady as exc:
+            raise NodeError(f"{exc} (with the instance credential)") from exc
+        except asyncssh.TimeoutError as exc:
+            raise NodeError(f"{action}: no answer within {timeout_s:.0f}s") from exc
         return _result(r.exit_status, str(r.stdout or ""), str(r.stderr or ""), action)
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,6 +66,9 @@ def remove_agent_containers(agents_dir: Path) -> int:
                 ["podman", "rm", "-f", "-t", "0", *names], env=podman_env(), capture_output=True, check=False
             )
             removed += len(names)
+    if removed:  # their project networks too (the agents are gone: nobody else would remove them)
+        prune = [sys.executable, "-m", "gpuaas.node_agent.project_network", "prune"]
+        subprocess.run(prune, env=podman_env(), capture_output=True, check=False, timeout=120)
     return removed
 
 

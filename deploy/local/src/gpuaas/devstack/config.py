@@ -33,7 +33,7 @@ DEFAULT_ROOT = Path(".local")
 DEFAULT_ADMIN_EMAIL = "admin@gpuaas.local"
 # Local node-agents (name, declared GPUs) that `make run` enrols so that a new user can allocate at once.
 DEFAULT_AGENTS: tuple[tuple[str, str], ...] = (("local-h100", "8xH100-80GB"), ("local-a100", "4xA100-80GB"))
-BROKERS = ("tansu", "kafka")
+BROKERS = ("tansu", "kafka", "testcontainers")
 
 
 class StackError(RuntimeError):
@@ -66,7 +66,9 @@ class StackConfig:
     replay_on_start: bool = True
     python: str = sys.executable
     # The broker the stack runs when no kafka_bootstrap is given: "tansu" (embedded, memory only) or
-    # "kafka" (Apache Kafka 4.x KRaft under <root>/kafka, whose log survives restart_broker()).
+    # "kafka" (Apache Kafka 4.x KRaft under <root>/kafka, whose log survives restart_broker()), or
+    # "testcontainers" (the same Kafka in a container: gpuaas.devstack.containers; the test plugin then also
+    # runs Postgres in one).
     broker: str = "tansu"
     # Local node-agents (name, declared GPUs) enrolled and started once the services are ready.
     agents: Sequence[tuple[str, str]] = DEFAULT_AGENTS
@@ -98,7 +100,7 @@ class StackConfig:
         if unknown:
             raise StackError(f"unknown services {unknown}; known: {list(SERVICES)}")
         if self.broker not in BROKERS:
-            raise StackError(f"unknown broker {self.broker!r}: tansu or kafka")
+            raise StackError(f"unknown broker {self.broker!r}: tansu, kafka or testcontainers")
         if self.agent_driver not in (None, *AGENT_DRIVERS):
             raise StackError(f"unknown agent driver {self.agent_driver!r}: container or process")
 

@@ -42,6 +42,9 @@ class Credentials:
         if not data.get("secrets_keys"):
             data["secrets_keys"] = generate_key_text("local1")
             changed = True
+        if not data.get("workload_token_key"):  # launchable apps' per-instance secrets (allocations + gateway)
+            data["workload_token_key"] = secrets.token_urlsafe(32)
+            changed = True
         signing = data.setdefault("event_signing_keys", {})
         for svc in SERVICES:
             if not signing.get(svc):
@@ -81,6 +84,11 @@ class Credentials:
     def secrets_keys(self) -> str:
         """The keyring every service seals its secrets at rest with (GPUAAS_SECRETS_KEYS)."""
         return str(self._store()["secrets_keys"])
+
+    @property
+    def workload_token_key(self) -> str:
+        """GPUAAS_WORKLOAD_TOKEN_KEY of allocations and the gateway (gpuaas.kit.workload_tokens)."""
+        return str(self._store()["workload_token_key"])
 
     def event_signing_key(self, service: str) -> str:
         return str(self._store()["event_signing_keys"][service])

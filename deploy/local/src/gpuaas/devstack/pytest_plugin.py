@@ -25,10 +25,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -53,21 +56,46 @@ REQUEST_TOKEN_MIN_VALID_S = 60.0
 def run_stack(request: pytest.FixtureRequest, prefix: str, **overrides: Any) -> Iterator[Stack]:
     """Start a Stack on free ports in a fresh directory (see `temp_root`) for a session fixture; stop it
     after. Its directory (logs, data) is removed unless a test failed or GPUAAS_KEEP_STACK is set.
-    `GPUAAS_DATABASE_URL` / `GPUAAS_KAFKA_BOOTSTRAP` / `GPUAAS_STACK_BROKER` are honoured."""
+    `GPUAAS_DATABASE_URL` / `GPUAAS_KAFKA_BOOTSTRAP` / `GPUAAS_STACK_BROKER` are honoured; with
+    `GPUAAS_STACK_BROKER=testcontainers` Postgres and Apache Kafka run as containers (`container_infra`)."""
     root = temp_root(prefix)
-    stack = Stack(StackConfig.from_env(root=root, free_ports=True, **overrides))
-    stack.start()
-    try:
-        yield stack
-    finally:
+    config = StackConfig.from_env(root=root, free_ports=True, **overrides)
+    with ExitStack() as infra:
+        if config.broker == "testcontainers" and not config.database_url:
+            config.database_url = container_infra(infra, root)
+        stack = Stack(config)
+        stack.start()
         try:
-            stack.stop()
-        finally:  # the stack is disposable: so are its allocations' containers, even when stopping failed
-            remove_agent_containers(root / "agents")
-        if os.environ.get("GPUAAS_KEEP_STACK") or request.session.testsfailed:
-            log.warning("kept the stack's logs and data for a post-mortem: %s", root)
-        else:
-            remove_root(root)
+            yield stack
+        finally:
+            try:
+                stack.stop()
+            finally:  # the stack is disposable: so are its allocations' containers, even when stopping failed
+                remove_agent_containers(root / "agents")
+            if os.environ.get("GPUAAS_KEEP_STACK") or request.session.testsfailed:
+                log.warning("kept the stack's logs and data for a post-mortem: %s", root)
+            else:
+                remove_root(root)
+
+
+def container_infra(infra: ExitStack, root: Path) -> str:
+    """podman's Docker API for testcontainers, and a Postgres container (its superuser URL returned); on
+    `infra`'s exit every container labelled with `root` (Postgres, the stack's Kafka) is removed and the API
+    stopped. The images are built first if missing (`make infra-images`; cached)."""
+    from gpuaas.devstack.containers import ROOT_LABEL, PodmanService, remove_labelled, start_postgres
+    from gpuaas.devstack.infra_images import ensure_infra_images
+
+    t0 = time.monotonic()
+    ensure_infra_images()
+    infra.enter_context(PodmanService(root / "podman.sock"))
+    infra.callback(remove_labelled, root)
+    pg = start_postgres(f"gpuaas-tc-pg-{root.name}", secrets.token_hex(12), labels={ROOT_LABEL: str(root)})
+    log.info(
+        "testcontainers: Postgres ready in %.1fs (%.1fs with the API and image check)",
+        pg.seconds,
+        time.monotonic() - t0,
+    )
+    return pg.url
 
 
 ISOLATION_AGENTS: tuple[tuple[str, str], ...] = (("iso-host-a", "4xH100-80GB"), ("iso-host-b", "4xH100-80GB"))

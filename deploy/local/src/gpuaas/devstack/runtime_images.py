@@ -49,8 +49,9 @@ CONTAINERS_CONF = REPO_ROOT / "deploy" / "local" / "containers.conf"
 CACHE_DIR = Path(os.environ.get("GPUAAS_RUNTIME_IMAGE_CACHE", Path.home() / ".cache" / "gpuaas" / "runtime-images"))
 IMAGE_PREFIX = "localhost/gpuaas/runtimes"
 REGISTRY_REPOSITORY = "runtimes"  # pushed as <registry>/runtimes/<slug>:<version>
-DEFAULT_IMAGES = ("gpuaas-base", "gpuaas-scipy")
+DEFAULT_IMAGES = ("gpuaas-base", "gpuaas-scipy", "gpuaas-jupyter", "gpuaas-slurm")
 INIT_PATH = "/usr/local/sbin/gpuaas-init"
+PIP_VENV = "/opt/gpuaas/venv"  # where a recipe's `pip` requirements go (the Debian Python's own venv)
 IDLE_CMD = [INIT_PATH, "--idle"]
 HASH_LABEL = "gpuaas.recipe-hash"
 TOOLS_PACKAGES = ("podman", "runc", "mmdebstrap", "uidmap")
@@ -87,7 +88,9 @@ class Recipe:
     packages: tuple[str, ...]  # the base recipe's packages included
     exclude: tuple[str, ...]  # dpkg path-exclude globs of this recipe (and its base's)
     smoke: str  # a sh command that must succeed in the image (after gpuaas-init's own checks)
+    pip: tuple[str, ...]  # PyPI requirements installed into PIP_VENV at build time (network access to PyPI)
     build_inputs: str  # canonical JSON of what shapes the image (base first; not `smoke`, not comments)
+    app: dict[str, Any] | None = None  # a launchable app of the catalog that runs this image (seeded, not built)
 
     @property
     def recipe_hash(self) -> str:
@@ -155,7 +158,7 @@ def load_recipe(slug: str, recipes_dir: Path = RECIPES_DIR) -> Recipe:
         raise ValueError(f"{path}: slug {data.get('slug')!r} does not match the file name")
     packages = list(data.get("packages", []))
     exclude = [str(e) for e in data.get("exclude", [])]
-    build_inputs = json.dumps({k: v for k, v in data.items() if k != "smoke"}, sort_keys=True)
+    build_inputs = json.dumps({k: v for k, v in data.items() if k not in ("smoke", "app")}, sort_keys=True)
     if data.get("extends"):
         base = load_recipe(str(data["extends"]), recipes_dir)
         packages = [*base.packages, *[p for p in packages if p not in base.packages]]
@@ -170,6 +173,8 @@ def load_recipe(slug: str, recipes_dir: Path = RECIPES_DIR) -> Recipe:
         packages=tuple(packages),
         exclude=tuple(exclude),
         smoke=str(data.get("smoke", "true")),
+        pip=tuple(str(r) for r in data.get("pip", [])),
+        app=data.get("app"),
         build_inputs=build_inputs,
     )
 
@@ -293,19 +298,21 @@ def _image_info(ref: str) -> dict[str, Any] | None:
     return info[0] if info else None
 
 
-def _mmdebstrap(recipe: Recipe, out: Path) -> None:
-    marker = json.dumps({"slug": recipe.slug, "version": recipe.version, "recipe_hash": recipe.recipe_hash})
+def debian_rootfs(
+    out: Path, packages: Iterable[str], *, exclude: Iterable[str] = (), hooks: Iterable[str] = (), what: str = ""
+) -> None:
+    """A Debian 12 minbase root filesystem tar with `packages` (no recommends, no docs: the options above),
+    `exclude` dpkg path-exclude globs and extra mmdebstrap `hooks`. Also the base of the infrastructure images
+    (gpuaas.devstack.infra_images)."""
     cmd = [
         "mmdebstrap",
         "--variant=minbase",
         "--quiet",
-        f"--include={','.join(recipe.packages)}",
+        f"--include={','.join(packages)}",
         *[f"--aptopt={o}" for o in APT_OPTIONS],
         *[f"--dpkgopt={o}" for o in DPKG_OPTIONS],
-        *[f"--dpkgopt=path-exclude={e}" for e in recipe.exclude],
-        f"--customize-hook=copy-in {shlex.quote(str(INIT_SCRIPT))} /usr/local/sbin",
-        f'--customize-hook=chmod 0755 "$1{INIT_PATH}"',
-        f'--customize-hook=printf "%s\\n" {shlex.quote(marker)} > "$1/etc/gpuaas-runtime.json"',
+        *[f"--dpkgopt=path-exclude={e}" for e in exclude],
+        *hooks,
         SUITE,
         str(out),
         *MIRRORS,
@@ -313,7 +320,44 @@ def _mmdebstrap(recipe: Recipe, out: Path) -> None:
     env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000"}
     r = _run(cmd, env, 1800)
     if r.returncode != 0:
-        raise RuntimeError(f"mmdebstrap failed for {recipe.slug} ({r.returncode}): {r.stderr[-2000:]}")
+        raise RuntimeError(f"mmdebstrap failed for {what or out.name} ({r.returncode}): {r.stderr[-2000:]}")
+
+
+def _mmdebstrap(recipe: Recipe, out: Path) -> None:
+    marker = json.dumps({"slug": recipe.slug, "version": recipe.version, "recipe_hash": recipe.recipe_hash})
+    hooks = [
+        f"--customize-hook=copy-in {shlex.quote(str(INIT_SCRIPT))} /usr/local/sbin",
+        f'--customize-hook=chmod 0755 "$1{INIT_PATH}"',
+        f'--customize-hook=printf "%s\\n" {shlex.quote(marker)} > "$1/etc/gpuaas-runtime.json"',
+        *_pip_hooks(recipe),
+    ]
+    debian_rootfs(out, recipe.packages, exclude=recipe.exclude, hooks=hooks, what=recipe.slug)
+
+
+def _pip_hooks(recipe: Recipe) -> list[str]:
+    """A venv with the recipe's PyPI requirements (pinned in the recipe), made inside the image's root with
+    its own Python (pip's cache left out). PyPI must be reachable at build time. pip trusts the BUILD host's
+    CA bundle for the build only (a TLS-inspecting proxy's CA is often only there), copied in and removed
+    after; the build host's pip settings (find-links, config files) are not used."""
+    if not recipe.pip:
+        return []
+    reqs = " ".join(shlex.quote(r) for r in recipe.pip)
+    ca = "/etc/gpuaas-build-ca.crt"  # not /tmp: a hook's chroot may get a fresh /tmp
+    host_ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
+    proxies = " ".join(
+        f"{k}={shlex.quote(v)}" for k, v in os.environ.items() if k.lower() in ("http_proxy", "https_proxy", "no_proxy")
+    )
+    # A clean environment: the build host's CA/pip variables name ITS paths, which mean other files in the chroot.
+    script = (
+        f"python3 -m venv {PIP_VENV} && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 {proxies} "
+        f"PIP_CERT={ca} SSL_CERT_FILE={ca} REQUESTS_CA_BUNDLE={ca} PIP_CONFIG_FILE=/dev/null "
+        f"PIP_DISABLE_PIP_VERSION_CHECK=1 {PIP_VENV}/bin/pip install --quiet --no-cache-dir --only-binary=:all: {reqs}"
+    )
+    return [
+        f'--customize-hook=cp {shlex.quote(host_ca)} "$1{ca}"',
+        f'--customize-hook=chroot "$1" sh -c {shlex.quote(script)}',
+        f'--customize-hook=rm -f "$1{ca}"',
+    ]
 
 
 def _import(recipe: Recipe) -> None:
@@ -362,7 +406,7 @@ def ensure_images(slugs: Iterable[str] = DEFAULT_IMAGES, *, rebuild: bool = Fals
     return [ensure_image(load_recipe(s), rebuild=rebuild) for s in slugs]
 
 
-def smoke_test(image: BuiltImage, timeout_s: float = 120) -> str:
+def smoke_test(image: BuiltImage, timeout_s: float = 300) -> str:  # a loaded 2-core machine: ~25 s for jupyter
     """Run the image once: gpuaas-init creates a user (twice: idempotent) whose sudo works, then the
     recipe's smoke command. Returns its output; raises RuntimeError when anything fails."""
     user, uid = "gpuaas-smoke", "4242"

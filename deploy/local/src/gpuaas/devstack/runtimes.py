@@ -284,6 +284,8 @@ class LocalRuntimes:
                 "active": True,
             }
             manifest = _ok(op.post(f"{catalog}/apps", json=body))
+        if recipe.app:  # the launchable app that runs this image (issue 21): same artifact, its own manifest
+            self._seed_app(op, recipe.app, pushed.ref)
         return {
             "version": recipe.version,
             "ref": pushed.ref,
@@ -292,6 +294,27 @@ class LocalRuntimes:
             "artifact_state": str(artifact["state"]),
             "manifest_id": str(manifest["manifest_id"]),
         }
+
+    def _seed_app(self, op: httpx.Client, app: dict[str, Any], ref: str) -> None:
+        """The recipe's `[app]`: a launchable manifest whose runtime_profile (the workload) runs the image."""
+        catalog = self.service_url("catalog")
+        versions = _ok(op.get(f"{catalog}/apps/{app['slug']}"), missing_ok=True) or []
+        if any(m["version"] == app["version"] for m in versions):
+            return
+        body = {
+            "slug": app["slug"],
+            "display_name": app["display_name"],
+            "description": app.get("description", ""),
+            "version": app["version"],
+            "runtime_version": app.get("runtime_version"),
+            "artifact_kind": "launchable",
+            "artifact_ref": ref,
+            "compatibility": {"min_gpu_count": int(app.get("min_gpu_count", 0))},
+            "runtime_profile": {"image": ref, **app["runtime_profile"]},
+            "active": True,
+        }
+        _ok(op.post(f"{catalog}/apps", json=body))
+        log.info("catalog: launchable app %s %s active", app["slug"], app["version"])
 
     # ---------------------------------------------------------------------------------------- state
 

@@ -47,6 +47,7 @@ from gpuaas.devstack.config import (
     redact,
     with_database,
 )
+from gpuaas.devstack.containers import ContainerKafka
 from gpuaas.devstack.credentials import Credentials
 from gpuaas.devstack.infra import EmbeddedPostgres, Tansu, port_in_use
 from gpuaas.devstack.kafka import ApacheKafka
@@ -94,9 +95,10 @@ class Stack:
                 self.root / "pg", port=self.ports["postgres"], host=self.host, log_path=self.logs_dir / "postgres.log"
             )
         self.tansu: Tansu | None = None
-        self.kafka: ApacheKafka | None = None
-        if not config.kafka_bootstrap and config.broker == "kafka":
-            self.kafka = ApacheKafka(
+        self.kafka: ApacheKafka | ContainerKafka | None = None
+        if not config.kafka_bootstrap and config.broker in ("kafka", "testcontainers"):
+            kind = ApacheKafka if config.broker == "kafka" else ContainerKafka
+            self.kafka = kind(
                 self.root / "kafka", port=self.ports["kafka"], host=self.host, log_path=self.logs_dir / "kafka.log"
             )
         elif not config.kafka_bootstrap:
@@ -248,6 +250,8 @@ class Stack:
             env["GPUAAS_SECRETS_KEYS"] = self.credentials.secrets_keys
             env[f"{prefix}EVENT_SIGNING_KEY"] = self.credentials.event_signing_key(name)
             env["GPUAAS_EVENT_VERIFY_KEYS"] = self.credentials.event_verify_keys
+        if name in (GATEWAY, "allocations"):  # launchable apps' workload secrets (gpuaas.kit.workload_tokens)
+            env["GPUAAS_WORKLOAD_TOKEN_KEY"] = self.credentials.workload_token_key
         if name == "identity":
             email, password = self.admin_login
             env[f"{prefix}BOOTSTRAP_ADMIN_EMAIL"] = email

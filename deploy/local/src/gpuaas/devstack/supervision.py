@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuaas.devstack.agents import LocalAgents
 from gpuaas.devstack.config import StackError, StackInterrupted
+from gpuaas.devstack.containers import ContainerKafka
 from gpuaas.devstack.infra import EmbeddedPostgres, Tansu, reap_group
 from gpuaas.devstack.kafka import ApacheKafka
 from gpuaas.devstack.processes import Lifecycle, ServiceProcess, ServiceProcesses, run_coro
@@ -81,7 +82,7 @@ class Supervisor:
         services: list[str],
         pg: EmbeddedPostgres | None,
         tansu: Tansu | None,
-        kafka: ApacheKafka | None,
+        kafka: ApacheKafka | ContainerKafka | None,
         agents: LocalAgents,
         outbox: OutboxReplay,
         on_change: Callable[[], None],  # rewrite stack.json

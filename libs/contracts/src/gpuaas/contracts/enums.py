@@ -69,3 +69,4 @@ class AppUsageUnit(StrEnum):
     tokens = "tokens"
     requests = "requests"
     model_seconds = "model_seconds"
+    app_hours = "app_hours"  # a launchable app's running time, metered by the platform itself (issue 21)

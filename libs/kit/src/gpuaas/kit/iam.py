@@ -78,6 +78,7 @@ PERMISSIONS: dict[str, frozenset[Role]] = {
     "apps.instance.read": READ,
     "apps.instance.deploy": WRITE,
     "apps.instance.manage": ADMIN,
+    "apps.instance.open": WRITE,  # a launchable app in the browser (code execution, like the terminal)
     "apps.member.add": WRITE,
     "apps.operation.manage": ADMIN,
     "apps.credential.rotate": ADMIN,
@@ -187,10 +188,10 @@ async def authorize(
     if any(m.scope == MembershipScope.platform and m.role == Role.platform_admin for m in memberships):
         if P in allowed:
             return
-        raise Forbidden(f"operators may not {action}", code="permission_denied")
+        raise permission_denied(f"operators may not {action}", action, allowed)
     if tenant_id is None:
         if P in allowed:
-            raise Forbidden(f"{action} is reserved to platform operators", code="permission_denied")
+            raise permission_denied(f"{action} is reserved to platform operators", action, allowed)
         return  # a tenant-less action open to every authenticated user
     in_tenant = [m for m in memberships if m.tenant_id == tenant_id]
     if not in_tenant:
@@ -202,7 +203,15 @@ async def authorize(
             raise NotFound("project not found", code="project_not_found")
     if roles & allowed:
         return
-    raise Forbidden(f"your role does not allow {action}", code="permission_denied")
+    raise permission_denied(f"your role does not allow {action}", action, allowed)
+
+
+def permission_denied(detail: str, action: str, allowed: frozenset[Role]) -> Forbidden:
+    """403 `permission_denied`, naming the permission and the roles that hold it (stable extra fields
+    `permission` and `roles`, in the order of `Role`) so the caller knows whom to ask."""
+    roles = [r.value for r in Role if r in allowed]
+    held_by = f"; held by {', '.join(roles)}" if roles else "; no role holds it (service accounts only)"
+    return Forbidden(detail + held_by, code="permission_denied", permission=action, roles=roles)
 
 
 async def _authorize_service_account(

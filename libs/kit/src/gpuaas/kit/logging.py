@@ -8,6 +8,23 @@ import sys
 import structlog
 
 
+# Both write to whatever sys.stderr is at the time of writing, not the stream it was when configured: a test
+# runner (pytest's capture) or a supervisor may swap sys.stderr, and a stream bound at configure time may be
+# closed by the time a later log line is written ("I/O operation on closed file").
+def _stderr_logger(*_args: object) -> structlog.PrintLogger:
+    return structlog.PrintLogger(sys.stderr)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    @property  # type: ignore[override]
+    def stream(self):  # type: ignore[no-untyped-def]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def configure_logging(service: str, level: str = "INFO", json: bool = True) -> None:
     shared = [
         structlog.contextvars.merge_contextvars,
@@ -18,12 +35,12 @@ def configure_logging(service: str, level: str = "INFO", json: bool = True) -> N
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.bind_contextvars(service=service)
     # Route stdlib loggers (uvicorn, aiokafka, sqlalchemy) through the same JSON renderer.
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

@@ -3,8 +3,11 @@
 - One active relay per service: a session-level advisory lock held on a dedicated connection;
   other replicas stand by and take over when the holder dies.
 - Wake-up by LISTEN/NOTIFY (trigger on insert), with polling as the safety net.
-- Rows are claimed with FOR UPDATE SKIP LOCKED in `seq` order, published with acks=all, and marked
-  sent in the same transaction. A crash between publish and mark re-publishes the batch; consumers
+- Rows are claimed with FOR UPDATE (waiting, not SKIP LOCKED) in `seq` order, published with acks=all, and
+  marked sent in the same transaction. Waiting matters with replicas: a deposed leader (its lock connection
+  lost mid-batch) still holds its batch's rows, and a new leader that skipped them would publish later
+  events of the same aggregates first; it waits instead, then sees those rows sent (or, if that batch
+  rolled back, publishes them itself, in order). A crash between publish and mark re-publishes the batch; consumers
   dedupe by event id (inbox), so effects stay exactly-once.
 - Sent rows are kept for `retention_hours` so a range can be replayed after a broker loss.
 - With a `signer`, the envelopes of the signed topics (gpuaas.kit.event_signing.SIGNED_TOPICS) are signed on
@@ -40,6 +43,14 @@ FAULT_KILL_AFTER_PUBLISH = "GPUAAS_FAULT_RELAY_KILL_AFTER_PUBLISH"
 
 
 MARK_SENT = text("UPDATE outbox SET sent_at = now() WHERE seq = ANY(CAST(:seqs AS bigint[]))")
+
+# A leader whose host vanished (no FIN, no RST) would keep its advisory lock, and with it the leadership, until the
+# server's TCP keepalive gave up on the connection (2 h by default). Probing the lock connection after 10 s idle,
+# every 5 s, 3 times, hands the lock to a standby replica within about half a minute.
+LOCK_SESSION_SETTINGS = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"}
+# The batch transaction of such a leader holds its rows' locks, which its successor waits for (never SKIP LOCKED:
+# see the module doc); the server ends a transaction left idle this long beyond the publish deadline.
+BATCH_IDLE_MARGIN_S = 30
 
 
 def advisory_key(schema: str) -> int:
@@ -85,7 +96,9 @@ class OutboxRelay:
         while not self._stopping.is_set():
             lock_conn: asyncpg.Connection | None = None
             try:
-                lock_conn = await asyncpg.connect(self.dsn, server_settings={"search_path": self.schema})
+                lock_conn = await asyncpg.connect(
+                    self.dsn, server_settings=LOCK_SESSION_SETTINGS | {"search_path": self.schema}
+                )
                 if not await lock_conn.fetchval("SELECT pg_try_advisory_lock($1)", advisory_key(self.schema)):
                     await self._sleep(2.0)
                     continue
@@ -152,6 +165,8 @@ class OutboxRelay:
     async def publish_batch(self) -> int:
         """Publish one batch of unsent rows in `seq` order; return how many were published."""
         async with self.sessions() as session, session.begin():
+            idle_ms = int((self.publish_timeout_s + BATCH_IDLE_MARGIN_S) * 1000)
+            await session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"))
             rows = (
                 await session.execute(
                     select(
@@ -166,7 +181,8 @@ class OutboxRelay:
                     .where(outbox.c.sent_at.is_(None))
                     .order_by(outbox.c.seq)
                     .limit(self.batch_size)
-                    .with_for_update(skip_locked=True)
+                    # Not skip_locked: never overtake rows another relay is publishing (see the module doc).
+                    .with_for_update()
                 )
             ).all()
             if not rows:

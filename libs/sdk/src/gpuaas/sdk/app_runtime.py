@@ -287,3 +287,19 @@ class AppRuntimeApi(Transport):
         return CredentialSecret.model_validate(
             await self.request("GET", f"{self.ar}/controller/instances/{instance_id}/credential")
         )
+
+    async def controller_state(self, instance_id: Id) -> dict[str, Any]:
+        """`{"state": {...}, "version": n}` (version 0: nothing stored yet); see `gpuaas.sdk.controller.state`."""
+        data: dict[str, Any] = await self.request("GET", f"{self.ar}/controller/instances/{instance_id}/state")
+        return data
+
+    async def put_controller_state(
+        self, instance_id: Id, state: dict[str, Any], expected_version: int
+    ) -> dict[str, Any]:
+        """Compare-and-set: raises `ApiError` 409 `state_version_conflict` when another write came first."""
+        data: dict[str, Any] = await self.request(
+            "PUT",
+            f"{self.ar}/controller/instances/{instance_id}/state",
+            json={"state": state, "expected_version": expected_version},
+        )
+        return data

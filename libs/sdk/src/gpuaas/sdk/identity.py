@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from gpuaas.sdk.models import Discovery, Me, Project, TokenResponse
+from gpuaas.sdk.models import Discovery, Me, Membership, Project, TokenResponse
 from gpuaas.sdk.transport import ApiError, Id, Transport, problem_of
 
 IDENTITY = "/api/identity"
@@ -61,6 +61,21 @@ class IdentityApi(Transport):
     async def project(self, project_id: Id) -> Project:
         return Project.model_validate(await self.request("GET", f"{IDENTITY}/projects/{project_id}"))
 
+    async def tenants(self) -> list[dict[str, Any]]:
+        """Operators: every tenant; everyone else: the tenants they are a member of (`tenant_id`, `slug`, `name`)."""
+        data: list[dict[str, Any]] = await self.request("GET", f"{IDENTITY}/tenants")
+        return data
+
+    async def tenant_projects(self, tenant_id: Id) -> list[Project]:
+        """Tenant admins and operators: every project of the tenant; other members: their own."""
+        data = await self.request("GET", f"{IDENTITY}/tenants/{tenant_id}/projects")
+        return [Project.model_validate(p) for p in data]
+
+    async def project_members(self, project_id: Id) -> list[Membership]:
+        """The project's members, each with `email` and `display_name`."""
+        data = await self.request("GET", f"{IDENTITY}/projects/{project_id}/members")
+        return [Membership.model_validate(m) for m in data]
+
     async def create_tenant(self, slug: str, name: str) -> dict[str, Any]:
         return await self.request("POST", f"{IDENTITY}/tenants", json={"slug": slug, "name": name})
 
@@ -69,3 +84,14 @@ class IdentityApi(Transport):
 
     async def audit(self, **params: Any) -> dict[str, Any]:
         return await self.request("GET", f"{IDENTITY}/audit", params=params)
+
+    async def create_service_account(
+        self, project_id: Id, name: str, scopes: list[str] | None = None
+    ) -> dict[str, Any]:
+        """A project service account (`scopes=["app-controller"]` for a controller); the answer's
+        `client_secret` is shown only once."""
+        body = {"name": name, "scopes": scopes or ["app-controller"]}
+        data: dict[str, Any] = await self.request(
+            "POST", f"{IDENTITY}/projects/{project_id}/service-accounts", json=body
+        )
+        return data

@@ -58,6 +58,7 @@ class Membership(_Model):
     tenant_id: uuid.UUID | None
     project_id: uuid.UUID | None
     email: str | None = None
+    display_name: str | None = None
 
 
 class Me(_Model):
@@ -83,6 +84,13 @@ class AllocationLimits(_Model):
     cpus: float
     memory_mb: int
     pids: int
+
+
+class AllocationNetwork(_Model):
+    name: str
+    address: str | None
+    hostname: str | None
+    scope: str = "host"
 
 
 class AllocationStatus(StrEnum):
@@ -132,6 +140,35 @@ class VolumeRef(_Model):
     after_release: str
 
 
+class WorkloadEndpoint(_Model):
+    """Where a launchable workload answers: the ENROLLED host's address (never the agent's report) and the host port
+    the agent published it on; `healthy` once its health check answered.
+    """
+
+    host: str
+    port: int
+    healthy: bool = False
+
+
+class WorkloadSpec(_Model):
+    """A launchable app's workload, started by the node agent in the allocation's container (issue 21). From the
+    app's manifest (`runtime_profile`): the command (run as the allocation's user), the port it serves HTTP on
+    inside the container and its health path. The agent publishes the port on the host's enrolled address and
+    passes the platform's per-instance secret in `auth_env` (never in an event: the agent's task carries it); the
+    gateway's `/apps/{instance_id}/` is the only way in.
+    """
+
+    instance_id: uuid.UUID
+    command: list[str] = Field(default_factory=list)
+    port: int
+    health_path: str = "/"
+    base_path: str
+    env: dict[str, str] = Field(default_factory=dict)
+    auth_env: str | None = None
+    auth_header: str = "Authorization"
+    auth_scheme: str = "token"
+
+
 class Allocation(_Model):
     allocation_id: uuid.UUID
     tenant_id: uuid.UUID
@@ -161,10 +198,13 @@ class Allocation(_Model):
     runtime: RuntimeRef | None = None
     driver: Literal["container", "process"] | None = None
     limits: AllocationLimits | None = None
+    workload: WorkloadSpec | None = None
+    workload_endpoint: WorkloadEndpoint | None = None
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str
     awaiting_release_clearance: bool = False
     release_evidence: dict[str, Any] | None = None
+    network: AllocationNetwork | None = None
 
 
 class AllocationTimelineEntry(_Model):
@@ -337,11 +377,17 @@ class InstanceStatus(StrEnum):
 
 
 class PlacementIntent(_Model):
-    """Which allocations the instance runs on; realised on hosts by allocations, not here."""
+    """Which allocations the instance runs on; realised on hosts by allocations, not here. `launch` (launchable
+    apps): the deploy asks for a NEW allocation of `gpu_count` x `gpu_model` that runs the app's workload (see
+    InstanceState.launch); its id is chosen at deploy (`launch_allocation_id`).
+    """
 
-    mode: Literal["same_node", "split"] = "same_node"
+    mode: Literal["same_node", "split", "launch"] = "same_node"
     controller_allocation_id: uuid.UUID | None = None
     worker_allocation_ids: list[uuid.UUID] = Field(default_factory=list)
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    launch_allocation_id: uuid.UUID | None = None
 
 
 class Instance(_Model):
@@ -504,6 +550,7 @@ class Costs(_Model):
 __all__ = [
     "Allocation",
     "AllocationLimits",
+    "AllocationNetwork",
     "AllocationStatus",
     "AllocationTimelineEntry",
     "Artifact",
@@ -543,4 +590,6 @@ __all__ = [
     "Volume",
     "VolumeAttachment",
     "VolumeRef",
+    "WorkloadEndpoint",
+    "WorkloadSpec",
 ]

@@ -2,7 +2,8 @@
 
 - access grants: the instance controller's public key becomes SSH grants on the listed allocations;
 - members: a projection of which allocations carry live app members (release saga);
-- release clearance: app-runtime stopped the members on an allocation: the release proceeds.
+- release clearance: app-runtime stopped the members on an allocation: the release proceeds;
+- launchable instances (issue 21): the allocation their workload runs in is created / released here.
 
 And from catalog: runtime manifests and the artifacts they pin (what allocation create resolves
 `runtime` against, without calling catalog).
@@ -40,6 +41,17 @@ async def on_release_clearance(session: AsyncSession, e: app_runtime_events.Rele
     d = e.data
     note = f"app-runtime stopped {len(d.stopped_member_ids)} member(s)" + (" (forced)" if d.forced else "")
     await service.clearance_granted(session, d.allocation_id, forced=d.forced, note=note)
+
+
+@subscriptions.on(app_runtime_events.InstanceCreated)
+async def on_instance_created(session: AsyncSession, e: app_runtime_events.InstanceCreated) -> None:
+    """A launchable instance: create its allocation (service/launch.py)."""
+    await service.launch_allocation(session, e.data, e.actor)
+
+
+@subscriptions.on(app_runtime_events.InstanceDecommissioning)
+async def on_instance_decommissioning(session: AsyncSession, e: app_runtime_events.InstanceDecommissioning) -> None:
+    await service.release_launch_allocation(session, e.data, e.actor)
 
 
 @subscriptions.on(catalog_events.AppRegistered, catalog_events.AppUpdated, catalog_events.AppDeprecated)

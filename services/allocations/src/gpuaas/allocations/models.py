@@ -143,6 +143,7 @@ allocations = Table(
     Column("driver", Text),
     Column("limits", JSONB),
     Column("release_evidence", JSONB),
+    Column("network", JSONB),  # where the project's other allocations reach it (agent-reported; container hosts)
     # The list endpoints: newest first, per project or across the principal's projects.
     Index("ix_allocations_project_requested", "project_id", text("requested_at DESC"), text("allocation_id DESC")),
     Index("ix_allocations_requested", text("requested_at DESC"), text("allocation_id DESC")),

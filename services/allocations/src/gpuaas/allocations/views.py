@@ -36,12 +36,26 @@ class VolumeRef(BaseModel):
     after_release: str
 
 
+class AllocationNetwork(BaseModel):
+    name: str = Field(description="the project network on the host (allocations of other projects are not on it)")
+    address: str | None = Field(description="the allocation's address on that network (app controllers use it)")
+    hostname: str | None = Field(description="the allocation's hostname (`hostname` inside it)")
+    scope: str = Field(
+        default="host", description="`host`: only allocations of the project on the same host reach this address"
+    )
+
+
 class Allocation(AllocationState):
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str = Field(description="what persists after this allocation is released")
     awaiting_release_clearance: bool = False
     release_evidence: dict[str, Any] | None = Field(
         default=None, description="what the host agent checked when it released the allocation (its own keys)"
+    )
+    network: AllocationNetwork | None = Field(
+        default=None,
+        description="where the other allocations of its project reach this one (its project network on its host);"
+        " null on hosts that give allocations no network of their own (process driver: the host's address)",
     )
 
 

@@ -209,11 +209,32 @@ def component_keys(roles: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
     return keys[0], keys[1] if len(keys) > 1 else keys[0]
 
 
+def check_add_component(roles: Iterable[Mapping[str, Any]], component_key: str, live_keys: Iterable[str]) -> None:
+    """An `add` brings up one of the manifest's roles, and never a second member of the controller role
+    (the first role, when there are several): a broken controller is replaced or recovered instead."""
+    keys = [r["key"] for r in roles if r.get("key")] or list(component_keys([]))
+    if component_key not in keys:
+        raise Unprocessable(
+            f"{component_key!r} is not one of this app's roles ({', '.join(keys)})",
+            code="unknown_component_key",
+            roles=keys,
+        )
+    if len(set(keys)) > 1 and component_key == keys[0] and component_key in set(live_keys):
+        raise Conflict(
+            f"the instance already has a {component_key} member; replace or recover it instead of adding another",
+            code="controller_member_exists",
+        )
+
+
 def derive_instance_status(current: str, member_statuses: Sequence[str]) -> InstanceStatus:
-    """Status of a live instance from its (non-tombstoned) members."""
+    """Status of a live instance from its (non-tombstoned) members. A member being removed on request
+    (`stopping`) is leaving by plan, not a loss: the instance is judged by the members that stay."""
     status = InstanceStatus(current)
     if status not in LIVE_INSTANCE:
         return status
+    staying = [s for s in member_statuses if s != MemberStatus.stopping]
+    if staying:
+        member_statuses = staying
     if any(s == MemberStatus.failed for s in member_statuses):
         return InstanceStatus.degraded
     if member_statuses and all(s == MemberStatus.active for s in member_statuses):
@@ -232,3 +253,22 @@ def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
 
     parts = re.findall(r"\d+|[a-zA-Z]+", version)
     return tuple((1, int(p)) if p.isdigit() else (0, p) for p in parts)
+
+
+CONTROLLER_STATE_MAX_BYTES = 256 * 1024  # a controller's bookkeeping, not a data store
+
+
+def check_controller_state_write(current_version: int, expected_version: int, size_bytes: int) -> int:
+    """The version a controller-state write gets: `expected_version` must be the stored one (0: none yet),
+    else another replica wrote first (409 `state_version_conflict`, re-read and retry); the JSON stays small."""
+    if size_bytes > CONTROLLER_STATE_MAX_BYTES:
+        raise Unprocessable(
+            f"controller state is {size_bytes} bytes; at most {CONTROLLER_STATE_MAX_BYTES} are kept",
+            code="controller_state_too_large",
+        )
+    if expected_version != current_version:
+        raise Conflict(
+            f"the controller state is at version {current_version}, not {expected_version}; re-read it and retry",
+            code="state_version_conflict",
+        )
+    return current_version + 1

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import service
 from gpuaas.app_runtime.models import allocations, entitlements, manifests
+from gpuaas.app_runtime.service import launch
 from gpuaas.contracts.events import allocations as allocations_events
 from gpuaas.contracts.events import catalog as catalog_events
 from gpuaas.kit.subscriptions import Subscriptions
@@ -59,6 +60,8 @@ async def allocation_changed(session: AsyncSession, event: Any) -> None:
     )
     if applied and event.type == allocations_events.AllocationReleaseRequested.event_type():
         await service.allocation_release_requested(session, state.allocation_id, state.tenant_id, state.project_id)
+    if applied and state.workload is not None:  # a launchable instance follows its allocation
+        await launch.allocation_changed(session, state, event.actor)
 
 
 @subscriptions.on(catalog_events.AppRegistered, catalog_events.AppUpdated, catalog_events.AppDeprecated)

@@ -223,3 +223,15 @@ release_requests = Table(
     _ts("cleared_at", nullable=True),
     Column("forced", Boolean, nullable=False, server_default="false"),
 )
+
+# A controller's own state per instance (the SDK's `StoredState`): opaque to the platform, versioned so that two
+# replicas of a controller cannot overwrite each other (compare-and-set on `version`).
+controller_states = Table(
+    "controller_states",
+    metadata,
+    _uuid("instance_id", ForeignKey("instances.instance_id"), primary_key=True),
+    Column("state", JSONB, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("updated_by", Text),
+    _ts("updated_at"),
+)

@@ -88,6 +88,18 @@ LAUNCHABLE_PROFILE_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "auth": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["env"],
+            "description": "the workload requires the platform's per-instance secret (issue 21): read from "
+            "`env`, presented by the gateway as `<header>: <scheme> <secret>`",
+            "properties": {
+                "env": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                "header": {"type": "string", "pattern": "^[A-Za-z0-9-]{1,64}$"},
+                "scheme": {"type": "string", "maxLength": 32},
+            },
+        },
         "healthcheck": {
             "type": "object",
             "additionalProperties": False,

@@ -99,7 +99,9 @@ SEED_APPS: list[dict[str, Any]] = [
         "manifest": {
             "slug": "vllm",
             "display_name": "vLLM",
-            "description": "vLLM OpenAI-compatible inference server (OCI image). " + PLACEHOLDER,
+            "description": "vLLM OpenAI-compatible inference server (OCI image). " + PLACEHOLDER + " To be real it "
+            "lacks: an image with vLLM and a CUDA build of PyTorch (several GB), a CUDA GPU to run on (none here, so "
+            "it was never run), and a launchable workload (port 8000, health /health) like jupyter's.",
             "version": "1.0.0",
             "runtime_version": "vLLM 0.6.3",
             "artifact_kind": "oci",
@@ -128,7 +130,9 @@ SEED_APPS: list[dict[str, Any]] = [
             "slug": "rke2-self-managed",
             "display_name": "RKE2 (self-managed)",
             "description": "A self-managed RKE2 Kubernetes control plane in one allocation, driven by its app "
-            "controller. Multi-node clusters are not offered yet. " + PLACEHOLDER,
+            "controller. Multi-node clusters are not offered yet. " + PLACEHOLDER + " To be real it lacks: the "
+            "RKE2 binaries (GitHub releases, unreachable here), allocations that may run privileged system "
+            "services (kernel modules, cgroup delegation: the isolated containers refuse them) and the controller.",
             "version": "1.0.0",
             "runtime_version": "RKE2 v1.30",
             "artifact_kind": "controller",

@@ -15,7 +15,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from gpuaas.gateway import console, ops, proxy, websocket
+from gpuaas.gateway import apps, console, ops, proxy, websocket
 from gpuaas.gateway.docs import OpenAPIAggregator
 from gpuaas.gateway.ratelimit import TokenBucketLimiter
 from gpuaas.gateway.runtime import GatewayMetrics, GatewayRuntime
@@ -107,6 +107,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     app.include_router(ops.router)
     app.include_router(proxy.router)
     app.include_router(websocket.router)
+    app.include_router(apps.router)  # /apps/{instance_id}/: launchable apps in the browser
     if (console_dir := console.find_console(settings.console_dir)) is not None:
         console.install(app, console_dir)
     return app

@@ -25,6 +25,8 @@ release request while suspended closes the meter without billing the suspended t
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -235,3 +237,17 @@ def app_usage_window(
     if instance_ended_at is not None:
         until = min(until, utc(instance_ended_at) + skew)
     return AppUsageWindow(start, until)
+
+
+def instance_of_window(
+    stays: Iterable[tuple[uuid.UUID, datetime | None, datetime | None]], start: datetime, end: datetime
+) -> uuid.UUID | None:
+    """The app instance a GPU window of an allocation counts for: the one instance with a member on the
+    allocation during `[start, end)` (each stay is `(instance_id, joined_at, left_at)`); None when no app
+    ran there or several did (the time is then no single instance's cost)."""
+    found = {
+        instance_id
+        for instance_id, joined_at, left_at in stays
+        if (joined_at is None or joined_at < end) and (left_at is None or left_at > start)
+    }
+    return found.pop() if len(found) == 1 else None

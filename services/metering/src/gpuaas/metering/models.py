@@ -76,6 +76,7 @@ usage_records = Table(
     Column("gpu_seconds", Numeric(20, 6), nullable=False),
     Column("final", Boolean, nullable=False, server_default="false"),
     Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("instance_id", UUID(as_uuid=True)),  # the app instance on the allocation in the window, if one
     CheckConstraint("window_end > window_start", name="window_order"),
 )
 Index("ix_usage_records_allocation", usage_records.c.allocation_id, usage_records.c.window_start, unique=True)
@@ -111,14 +112,19 @@ hosts = Table(
     Column("version", Integer, nullable=False),
 )
 
-# Projection of app-runtime's members: an app usage report naming a member must name one of its instance.
+# Projection of app-runtime's members: an app usage report naming a member must name one of its instance;
+# a GPU window of an allocation is attributed to the one instance whose members ran on it (joined/left).
 members = Table(
     "members",
     metadata,
     Column("member_id", UUID(as_uuid=True), primary_key=True),
     Column("instance_id", UUID(as_uuid=True), nullable=False),
     Column("version", Integer, nullable=False),
+    Column("allocation_id", UUID(as_uuid=True)),
+    Column("joined_at", DateTime(timezone=True)),
+    Column("left_at", DateTime(timezone=True)),
 )
+Index("ix_members_allocation", members.c.allocation_id)
 
 # Projection of app-runtime's instances: who an app usage event is attributed to, and its lifetime.
 instances = Table(
@@ -132,4 +138,9 @@ instances = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("ended_at", DateTime(timezone=True)),
     Column("version", Integer, nullable=False),
+    # Launchable apps (issue 21): app-hours are metered from `running_since` to the end, per hourly window,
+    # recorded up to `app_hours_until` (migration metering_0005).
+    Column("launchable", Boolean, nullable=False, server_default="false"),
+    Column("running_since", DateTime(timezone=True)),
+    Column("app_hours_until", DateTime(timezone=True)),
 )

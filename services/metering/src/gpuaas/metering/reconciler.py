@@ -12,6 +12,7 @@ from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.logging import get_logger
 from gpuaas.kit.loops import run_periodically
 from gpuaas.metering import service
+from gpuaas.metering.service import app_hours as app_hours_service
 from gpuaas.metering.settings import Settings
 
 log = get_logger(__name__)
@@ -30,6 +31,10 @@ async def close_windows_once(kit: KitRuntime, *, now: datetime | None = None) ->
         )
     if written:
         log.info("usage_windows_closed", meters=claimed, records=written)
+    async with kit.sessions() as session, session.begin():  # launchable apps' app-hours (issue 21)
+        app_hours = await app_hours_service.record_app_hours(session, now=now or datetime.now(UTC))
+    if app_hours:
+        log.info("app_hours_recorded", records=app_hours)
     return claimed >= s.closer_batch
 
 

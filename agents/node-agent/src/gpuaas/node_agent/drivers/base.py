@@ -67,6 +67,17 @@ class Driver(ABC):
     async def release(self, ws: Workspace) -> dict[str, Any]:
         """Stop and remove everything of the allocation, verify it, and return the evidence."""
 
+    async def network_info(self, ws: Workspace) -> dict[str, Any] | None:
+        """Where other allocations of the project reach this one ({name, address, hostname, scope}), or None
+        when the driver gives allocations no network of their own (the process driver: the host's)."""
+        return None
+
+    async def workload_endpoint(self, ws: Workspace) -> dict[str, Any] | None:
+        """A launchable workload's published port once healthy (container driver); None without one."""
+        if ws.meta.get("workload"):
+            raise DriverError(f"launchable workloads need the container driver; this host runs {self.name}")
+        return None
+
     @abstractmethod
     def session(self, ws: Workspace, command: str | None, term: str | None) -> SessionCommand:
         """The command an SSH session of the allocation runs (term: the pty's TERM, None without a pty)."""

@@ -5,8 +5,9 @@
     image  <registry>/runtimes/<slug>@sha256:<hex>, pulled by digest and checked against the payload
     user   --userns=auto: root inside is an unprivileged uid range on the host; the allocation's user
            (uid 1000 inside, created by the image's `gpuaas-init <username> 1000`) owns its home
-    net    slirp4netns (own network namespace: the outside is reachable; the host's loopback, the
-           agent's ports and other allocations are not; slirp's host-loopback access is off by default)
+    net    the project's network (project_network.py: an isolated podman bridge per project; members of
+           the project reach each other, other projects and the host do not; the outside is reachable),
+           or slirp4netns when the payload names no project (own user-mode network: the outside only)
     limits --cpus / --memory / --pids-limit from the payload's limits
     mounts home -> /home/<username>, each volume's directory -> its mount path; GPUs through CDI
 
@@ -27,12 +28,14 @@ import os
 import re
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from gpuaas.node_agent import cdi, safefs
+from gpuaas.node_agent import cdi, safefs, workload
 from gpuaas.node_agent.drivers.base import Driver, DriverError, SessionCommand
 from gpuaas.node_agent.podman import Podman, PodmanError
+from gpuaas.node_agent.project_network import NetworkError, ProjectNetworks, network_name
 from gpuaas.node_agent.workspace import Workspace
 
 log = logging.getLogger("gpuaas.node_agent")
@@ -101,6 +104,7 @@ class ContainerDriver(Driver):
         self._cdi_kind: str | None = None
         self._cdi_indices: set[int] = set()
         self._verified: set[str] = set()
+        self.networks = ProjectNetworks(self.podman)
 
     # --------------------------------------------------------------------------------------- parts
 
@@ -148,9 +152,9 @@ class ContainerDriver(Driver):
             "--userns",
             f"auto:size={USERNS_SIZE}",
             "--network",
-            "slirp4netns",
+            network_name(meta.get("project_id")) or "slirp4netns",
             "--hostname",
-            f"gpuaas-{ws.allocation_id[:8]}",
+            self.hostname(ws),
             "--env",
             f"CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}",
             "--volume",
@@ -170,6 +174,8 @@ class ContainerDriver(Driver):
             args += ["--volume", f"{self.workspaces.volume_dir(v['volume_id'])}:{target}:rw,nosuid,nodev"]
         for dev in self._devices(ws):
             args += ["--device", dev]
+        if (spec := workload.spec_of(meta)) is not None:  # a launchable app's workload (issue 21)
+            args += workload.container_args(spec, str(meta.get("workload_token") or ""), self._workload_bind(), user)
         spec_hash = hashlib.sha256(json.dumps([SPEC_FORMAT, image, user, args]).encode()).hexdigest()[:16]
         return args, spec_hash
 
@@ -181,8 +187,12 @@ class ContainerDriver(Driver):
         # The container's command creates the user, then idles: no `podman exec` round trip, and a restart
         # runs it again (idempotent). _wait_user() sees from the host side when it is done.
         command = ["/bin/sh", "-c", f'{INIT} "$0" "$1" && exec {INIT} --idle', ws.username, str(USER_UID)]
+        if (spec := workload.spec_of(ws.meta)) is not None:
+            command = workload.command(spec, ws.username, USER_UID)
+        network = network_name(ws.meta.get("project_id"))
         try:  # --pull=never: images come only through ensure_image's checked pull
-            await self.podman.run("run", "-d", "--pull=never", "--name", name, *label_args, *args, image, *command)
+            async with self._network(network):
+                await self.podman.run("run", "-d", "--pull=never", "--name", name, *label_args, *args, image, *command)
         except PodmanError:
             self._verified.discard(image)  # re-checked next time (e.g. removed from local storage meanwhile)
             raise
@@ -203,6 +213,40 @@ class ContainerDriver(Driver):
         except BaseException:
             await self._remove(ws, existed=True)
             raise
+
+    @contextlib.asynccontextmanager
+    async def _network(self, network: str | None) -> AsyncIterator[None]:
+        """The project's network exists (with its host block) while a container is attached to it."""
+        if network is None:
+            yield
+            return
+        async with self.networks.locked(network):
+            try:
+                await self.networks.ensure(network)
+            except (NetworkError, PodmanError) as exc:
+                raise DriverError(str(exc)) from exc
+            yield
+
+    async def _drop_network(self, network: str | None) -> None:
+        if network is None:
+            return
+        try:
+            async with self.networks.locked(network):
+                await self.networks.remove_if_unused(network)
+        except (NetworkError, PodmanError, OSError) as exc:  # the next release or agent start tries again
+            log.warning("project network %s not removed: %s", network, exc)
+
+    @staticmethod
+    def hostname(ws: Workspace) -> str:
+        return f"gpuaas-{ws.allocation_id[:8]}"
+
+    async def network_info(self, ws: Workspace) -> dict[str, Any] | None:
+        """Where the allocation's project members reach it: {name, address, hostname, scope}."""
+        network = network_name(ws.meta.get("project_id"))
+        if network is None:
+            return None
+        address = await self.networks.address(container_name(ws.allocation_id), network)
+        return {"name": network, "address": address, "hostname": self.hostname(ws), "scope": "host"}
 
     async def _wait_user(self, ws: Workspace, info: dict[str, Any], timeout_s: float = 60) -> None:
         """Until gpuaas-init has finished: its last step writes /etc/sudoers.d/gpuaas-<user>, seen in the
@@ -240,6 +284,7 @@ class ContainerDriver(Driver):
         if existed is None:
             existed = await self.podman.exists(container_name(ws.allocation_id))
         await self.podman.remove(container_name(ws.allocation_id))
+        await self._drop_network(network_name(ws.meta.get("project_id")) if ws.root.exists() else None)
         if ws.root.exists():
             anchors = dict(ws.meta.get("anchors") or {})
             if existed or not anchors.get("removed_at"):
@@ -282,6 +327,34 @@ class ContainerDriver(Driver):
             await self._start(ws, "restart" if restart else "start")
             return f"container {name} {'restarted' if restart else 'started'}"
         return f"container {name} already running"
+
+    def _workload_bind(self) -> str:
+        return self.s.ssh_bind  # the address the host is enrolled with (the gateway's only upstream)
+
+    async def workload_endpoint(self, ws: Workspace) -> dict[str, Any] | None:
+        """After provision/restart: the workload's published host port once its health check answered."""
+        spec = workload.spec_of(ws.meta)
+        if spec is None:
+            return None
+        name = container_name(ws.allocation_id)
+        port = workload.published_port(await self.podman.inspect(name) or {}, spec)
+        if port is None:
+            raise DriverError(f"container {name} publishes no port for its workload")
+
+        async def running() -> bool:
+            return bool(((await self.podman.inspect(name)) or {}).get("State", {}).get("Running"))
+
+        async def logs() -> str:
+            _, out, err = await self.podman.run("logs", "--tail", "5", name, check=False)
+            return (out + err).strip()[-400:]
+
+        token = str(ws.meta.get("workload_token") or "")
+        try:
+            url = workload.health_url(spec, self._workload_bind(), port)
+            took = await workload.wait_healthy(url, workload.auth_headers(spec, token), running, logs)
+        except workload.WorkloadFailed as exc:
+            raise DriverError(str(exc)) from exc
+        return {"host_port": port, "healthy": True, "health_s": round(took, 2)}
 
     # ----------------------------------------------------------------------------------- interface
 
@@ -408,6 +481,10 @@ class ContainerDriver(Driver):
                     ws.write_meta(status="failed", reason=str(exc))
                     report["failed"].append({"allocation_id": ws.allocation_id, "reason": str(exc)})
                     log.error("reconcile: allocation %s could not be brought back: %s", ws.allocation_id, exc)
+        try:
+            report["networks_removed"] = await self.networks.prune()
+        except (NetworkError, PodmanError, OSError) as exc:
+            log.warning("reconcile: project networks not pruned: %s", exc)
         return report
 
     def session(self, ws: Workspace, command: str | None, term: str | None) -> SessionCommand:
@@ -419,6 +496,7 @@ class ContainerDriver(Driver):
             "LANG": "C.UTF-8",
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
             "CUDA_VISIBLE_DEVICES": ws.cuda_visible_devices(),
+            "GPUAAS_ALLOCATION_ID": ws.allocation_id,  # what the process driver's sessions see too (apps key on it)
         }
         if term:
             env["TERM"] = term

@@ -1,7 +1,8 @@
 """The golden path, entirely through the gateway, on the real stack with real Slurm.
 
 1. Platform admin creates a tenant and its admin; two GPU hosts enrol (real node agents, run as root
-   with the process driver here so that allocations can run Slurm's daemons and reach each other); SKUs
+   with the container driver: the allocations are containers of the `gpuaas-slurm` runtime and reach
+   each other on their project's network; the process driver where podman is missing); SKUs
    are priced; the catalog's seed apps are registered, verified against a real OCI registry, promoted to
    active and entitled.
 2. The tenant admin logs in, creates a project, adds two members, creates the controller's service

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -45,9 +46,25 @@ JOB_PRICE = Decimal("0.05")  # per completed Slurm job (app usage unit `requests
 
 async def golden_path(stack: Target, registry_address: str) -> list[dict[str, Any]]:
     """Run the whole scenario; returns the step timings. Raises AssertionError at the first step that fails."""
-    reason = cannot_run_slurm()
+    # Container hosts (the stack's agents run the container driver): every allocation is a container of the
+    # gpuaas-slurm runtime on its project's network, and the Slurm daemons run as root inside it (the
+    # allocation user's sudo). Otherwise (no podman, or GPUAAS_GOLDEN_PATH_DRIVER=process) the hosts run the
+    # process driver and the daemons run on this machine (Debian's Slurm installed by `make install`).
+    driver = os.environ.get("GPUAAS_GOLDEN_PATH_DRIVER") or stack.agent_env.get("GPUAAS_AGENT_DRIVER") or "process"
+    containers = driver == "container"
+    reason = cannot_run_slurm(containers)
     if reason:
         raise RuntimeError(reason)
+
+    def slow(timeout_s: float) -> float:
+        """Waits on Slurm operations: every node action is an SSH session, which on a container host is a
+        `podman exec` (0.15 s on an idle machine, 2.5-3 s measured with the 2-core machine at load 25-45)."""
+        return timeout_s * (2 if containers else 1)
+
+    async def node_ssh(endpoint: dict[str, Any], key: asyncssh.SSHKey, command: str) -> str:
+        """A Slurm command on an allocation over SSH, as root there (the allocation user's sudo in a container)."""
+        return await ssh(endpoint, key, f"sudo -n bash -c {shlex.quote(command)}" if containers else command)
+
     steps = Steps()
     run = uuid.uuid4().hex[:6]
     model = f"GP{run.upper()}-80GB"  # this run's hosts only
@@ -70,11 +87,11 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
             json={"email": admin_email, "password": PASSWORD, "role": "tenant_admin"},
         )
         hosts = []
-        # The process driver on purpose: Slurm's daemons run in the allocations and `srun -N2` spans two of
-        # them, which the container driver's network isolation does not allow yet (and the runtime images
-        # carry no Slurm). Everything else runs on container hosts (tests/isolation, the e2e stack's agents).
-        process = {"GPUAAS_AGENT_DRIVER": "process"}
-        for i, extra in ((1, process), (2, {**process, "GPUAAS_AGENT_INJECT_FAILURES": "release:1"})):
+        # Slurm's daemons run in the allocations and `srun -N2` spans two of them on two hosts: on container
+        # hosts the two allocations reach each other on their project's network (both hosts' agents share
+        # this machine's podman, so the network is one bridge).
+        base = {"GPUAAS_AGENT_DRIVER": driver}
+        for i, extra in ((1, base), (2, {**base, "GPUAAS_AGENT_INJECT_FAILURES": "release:1"})):
             h = await op.act("POST", "/api/allocations/hosts", json={"name": f"gp-{run}-{i}"})
             procs.append(start_agent(stack, h["node_token"], f"gp-{run}-{i}", f"1x{model}", **extra))
             hosts.append(h["host_id"])
@@ -148,7 +165,10 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
                 )
                 return True
             except ApiError as exc:
-                assert exc.code in ("service_account_invalid", "project_not_found", "not_found"), exc.problem
+                # app_not_found: app-runtime's projection of the catalog's manifests is catching up
+                assert exc.code in ("service_account_invalid", "project_not_found", "not_found", "app_not_found"), (
+                    exc.problem
+                )
                 return False
 
         await eventually(bound, 60, "controller bound", interval_s=0.5)
@@ -185,6 +205,7 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
             json={"name": "laptop", "public_key": bob_key.export_public_key().decode()},
         )
         allocs: list[str] = []
+        runtime = {"runtime": "gpuaas-slurm"} if containers else {}
         for name in ("a", "b"):
 
             async def create(name: str = name) -> str | None:
@@ -192,7 +213,7 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
                     a = await bob.act(
                         "POST",
                         f"/api/allocations/projects/{pid}/allocations",
-                        json={"gpu_model": model, "gpu_count": 1, "name": name},
+                        json={"gpu_model": model, "gpu_count": 1, "name": name, **runtime},
                     )
                 except ApiError as exc:  # allocations' projection has not seen the project or member yet
                     assert exc.status in (403, 404, 409, 422), exc.problem
@@ -212,6 +233,10 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
             assert moves[0] == "requested" and moves[-1].endswith("→ active"), timeline
         ep_a = (await bob.get(f"/api/allocations/allocations/{a_id}"))["ssh_endpoint"]
         ep_b = (await bob.get(f"/api/allocations/allocations/{b_id}"))["ssh_endpoint"]
+        if containers:  # both on the project's network, each with its own address (what the controller uses)
+            net_a, net_b = [(await bob.get(f"/api/allocations/allocations/{x}"))["network"] for x in (a_id, b_id)]
+            assert net_a and net_b and net_a["name"] == net_b["name"], (net_a, net_b)
+            assert net_a["address"] and net_b["address"] and net_a["address"] != net_b["address"], (net_a, net_b)
         assert (await bob.get(f"/api/allocations/allocations/{a_id}"))["host_id"] != (
             await bob.get(f"/api/allocations/allocations/{b_id}")
         )["host_id"]
@@ -263,7 +288,7 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
             )
             return i["status"] == "running" and i["health"]["status"] == "healthy"
 
-        await eventually(healthy_running, 150, "instance running and healthy", interval_s=1)
+        await eventually(healthy_running, slow(150), "instance running and healthy", interval_s=1)
         detail = (await instance())["runtime_detail"]
         access = detail["access"]
         assert access["versions"]["app_version"] == "1.0.0"
@@ -274,16 +299,16 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
 
         steps.start("4b sinfo idle, sbatch → COMPLETED over SSH")
         (node_a,) = [n["name"] for n in detail["nodes"]]
-        out = await ssh(ep_a, bob_key, env + "sinfo -h -N -o '%N %T'")
+        out = await node_ssh(ep_a, bob_key, env + "sinfo -h -N -o '%N %T'")
         assert out.split() == [node_a, "idle"], out
-        job = (await ssh(ep_a, bob_key, env + "sbatch --parsable -o /dev/null --wrap 'hostname; sleep 1'")).strip()
+        job = (await node_ssh(ep_a, bob_key, env + "sbatch --parsable -o /dev/null --wrap 'hostname; sleep 1'")).strip()
 
         async def completed() -> bool:
-            st = await ssh(ep_a, bob_key, env + f"sacct -n -X -P -j {job} -o State,Account")
+            st = await node_ssh(ep_a, bob_key, env + f"sacct -n -X -P -j {job} -o State,Account")
             assert "PENDING" not in st or "InvalidAccount" not in st, st
             return st.startswith("COMPLETED")
 
-        await eventually(completed, 60, "sbatch job COMPLETED", interval_s=1)
+        await eventually(completed, slow(60), "sbatch job COMPLETED", interval_s=1)
 
         steps.start("4c add worker on B → srun -N2 on both")
         await alice.act(
@@ -299,8 +324,15 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
 
             return check
 
-        await eventually(await members(3), 120, "worker B active", interval_s=1)
-        nodes = await ssh(ep_a, bob_key, env + "srun -N2 bash -c 'echo $SLURMD_NODENAME' | sort")
+        async def wait_members(n: int, timeout_s: float, what: str) -> None:
+            """Until n members are active; on a timeout the operations (with their progress) say where it stuck."""
+            try:
+                await eventually(await members(n), timeout_s, what, interval_s=1)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; operations: {await instance_operations(alice, iid)}") from None
+
+        await wait_members(3, slow(120), "worker B active")
+        nodes = await node_ssh(ep_a, bob_key, env + "srun -N2 bash -c 'echo $SLURMD_NODENAME' | sort")
         names = nodes.split()
         assert len(names) == 2 and node_a in names, nodes
         node_b = next(n for n in names if n != node_a)
@@ -320,14 +352,14 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
 
         cid = "c" + uuid.UUID(iid).hex[:12]
         dir_b = f"/var/lib/gpuaas-slurm/{b_id.replace('-', '')[-12:]}/{cid}"
-        await ssh(ep_b, bob_key, f"kill -9 $(cat {dir_b}/run/slurmd-{node_b}.pid)")
-        await eventually(degraded, 90, "the controller reporting node B's member failed", interval_s=1)
+        await node_ssh(ep_b, bob_key, f"kill -9 $(cat {dir_b}/run/slurmd-{node_b}.pid)")
+        await eventually(degraded, slow(90), "the controller reporting node B's member failed", interval_s=1)
         down = await member_on(b_id)
         assert down["status"] == "failed" and down["detail"]["slurm_state"].startswith("down"), down
         recover = {"kind": "recover", "member_id": down["member_id"]}
         await alice.act("POST", f"/api/app-runtime/instances/{iid}/operations", json=recover)
-        await eventually(recovered, 120, "recovered from the down node", interval_s=1)
-        names = (await ssh(ep_a, bob_key, env + "srun -N2 bash -c 'echo $SLURMD_NODENAME' | sort")).split()
+        await eventually(recovered, slow(120), "recovered from the down node", interval_s=1)
+        names = (await node_ssh(ep_a, bob_key, env + "srun -N2 bash -c 'echo $SLURMD_NODENAME' | sort")).split()
         assert len(names) == 2 and node_a in names and node_b not in names, names
         node_b = next(n for n in names if n != node_a)
 
@@ -342,28 +374,29 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
         async def drained() -> bool:
             return (await member_on(b_id))["status"] == "stopped"
 
-        await eventually(drained, 60, "worker B drained", interval_s=1)
-        state = await ssh(ep_a, bob_key, env + f"sinfo -h -N -n {node_b} -o '%T'")
+        await eventually(drained, slow(60), "worker B drained", interval_s=1)
+        state = await node_ssh(ep_a, bob_key, env + f"sinfo -h -N -n {node_b} -o '%T'")
         assert state.strip() in ("drained", "draining"), state
         await alice.act(
             "POST",
             f"/api/app-runtime/instances/{iid}/operations",
             json={"kind": "remove", "member_id": w_b["member_id"]},
         )
-        await eventually(await members(2), 120, "worker B removed", interval_s=1)
+        await wait_members(2, slow(120), "worker B removed")
         removal = next(o for o in await instance_operations(alice, iid) if o["kind"] == "remove")
         assert removal["result"]["teardown_verified"] is True, removal
-        assert (await ssh(ep_a, bob_key, env + "sinfo -h -N -o '%N'")).split() == [node_a]
-        assert node_b not in await ssh(ep_b, bob_key, "ps -eo args")
+        assert (await node_ssh(ep_a, bob_key, env + "sinfo -h -N -o '%N'")).split() == [node_a]
+        assert node_b not in await node_ssh(ep_b, bob_key, "ps -eo args")
 
         steps.start("4e re-add worker B: bootstrap fails on a broken host dir (clear reason), recover → srun -N2")
         broken = dir_b
-        await ssh(ep_b, bob_key, f"mkdir -p $(dirname {broken}) && echo broken > {broken}")  # a file where a dir goes
+        # a file where a dir goes
+        await node_ssh(ep_b, bob_key, f"mkdir -p $(dirname {broken}) && echo broken > {broken}")
         await alice.act(
             "POST", f"/api/app-runtime/instances/{iid}/operations", json={"kind": "add", "allocation_id": b_id}
         )
 
-        await eventually(degraded, 60, "instance degraded by the failed worker", interval_s=1)
+        await eventually(degraded, slow(60), "instance degraded by the failed worker", interval_s=1)
         bad = await member_on(b_id)
         failed_add = next(
             o
@@ -373,19 +406,19 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
         assert bad["status"] == "failed" and "cannot create the cluster directory" in (failed_add["error"] or ""), (
             failed_add
         )
-        await ssh(ep_b, bob_key, f"rm -f {broken}")
+        await node_ssh(ep_b, bob_key, f"rm -f {broken}")
         await alice.act(
             "POST",
             f"/api/app-runtime/instances/{iid}/operations",
             json={"kind": "recover", "member_id": bad["member_id"]},
         )
 
-        await eventually(recovered, 120, "recovered: running", interval_s=1)
-        await eventually(await members(3), 30, "recovered worker active", interval_s=1)
+        await eventually(recovered, slow(120), "recovered: running", interval_s=1)
+        await wait_members(3, slow(30), "recovered worker active")
         tombs = await alice.get(f"/api/app-runtime/instances/{iid}/members", include_tombstones="true")
         tomb = next(m for m in tombs["items"] if m["member_id"] == bad["member_id"])
         assert tomb["tombstoned"] and tomb["status"] == "failed", tomb
-        nodes = await ssh(ep_a, bob_key, env + "srun -N2 bash -c 'echo $SLURMD_NODENAME' | sort")
+        nodes = await node_ssh(ep_a, bob_key, env + "srun -N2 bash -c 'echo $SLURMD_NODENAME' | sort")
         assert len(nodes.split()) == 2 and node_a in nodes.split() and node_b not in nodes.split(), nodes
         w_b = await member_on(b_id)
         await alice.act(
@@ -393,7 +426,7 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
             f"/api/app-runtime/instances/{iid}/operations",
             json={"kind": "remove", "member_id": w_b["member_id"]},
         )
-        await eventually(await members(2), 120, "recovered worker B removed", interval_s=1)
+        await wait_members(2, slow(120), "recovered worker B removed")
 
         # ---------------------------------------------------------------- 5. metering and billing
         steps.start("5 metering: GPU time on both allocations, app usage charged once")
@@ -416,12 +449,12 @@ async def golden_path(stack: Target, registry_address: str) -> list[dict[str, An
             assert i["status"] != "decommission_failed", i["decommission"]
             return i["status"] == "decommissioned"
 
-        await eventually(decommissioned, 120, "decommissioned", interval_s=1)
+        await eventually(decommissioned, slow(120), "decommissioned", interval_s=1)
         report = (await instance())["decommission"]
         assert not report["forced"] and len(report["verified_member_ids"]) >= 2, report
         assert any("removed" in e for e in report["evidence"]), report
         assert cluster_processes(cid) == [], "daemons left after a verified teardown"
-        left = await ssh(ep_a, bob_key, f"ls /var/lib/gpuaas-slurm/*/{cid} 2>&1 || true")
+        left = await node_ssh(ep_a, bob_key, f"ls /var/lib/gpuaas-slurm/*/{cid} 2>&1 || true")
         assert "No such file" in left, left
 
         steps.start("6b release both; one release fails on purpose, then retry")

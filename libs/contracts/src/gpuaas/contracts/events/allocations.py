@@ -77,6 +77,36 @@ class RuntimeRef(Payload):
     digest: Digest
 
 
+class WorkloadSpec(Payload):
+    """A launchable app's workload, started by the node agent in the allocation's container (issue 21).
+
+    From the app's manifest (`runtime_profile`): the command (run as the allocation's user), the port it
+    serves HTTP on inside the container and its health path. The agent publishes the port on the host's
+    enrolled address and passes the platform's per-instance secret in `auth_env` (never in an event: the
+    agent's task carries it); the gateway's `/apps/{instance_id}/` is the only way in."""
+
+    instance_id: uuid.UUID
+    command: list[str] = Field(default_factory=list, description="argv; empty: the image's own command")
+    port: int = Field(ge=1, le=65535, description="the workload's HTTP port inside the container")
+    health_path: str = Field(default="/", description="relative to base_path; answered 2xx/3xx when ready")
+    base_path: str = Field(description="the URL prefix the gateway serves it under: /apps/<instance_id>/")
+    env: dict[str, str] = Field(default_factory=dict)
+    auth_env: str | None = Field(
+        default=None, description="environment variable the workload reads the per-instance secret from"
+    )
+    auth_header: str = Field(default="Authorization", description="request header the gateway puts the secret in")
+    auth_scheme: str = Field(default="token", description="prefix of the header value ('token <secret>')")
+
+
+class WorkloadEndpoint(Payload):
+    """Where a launchable workload answers: the ENROLLED host's address (never the agent's report) and the
+    host port the agent published it on; `healthy` once its health check answered."""
+
+    host: str
+    port: int = Field(ge=1, le=65535)
+    healthy: bool = False
+
+
 class AllocationLimits(Payload):
     """Resource limits of an allocation's container (from its host class, else its share of the host)."""
 
@@ -128,6 +158,10 @@ class AllocationState(Payload):
     runtime: RuntimeRef | None = Field(default=None, description="None on a process-driver host")
     driver: Literal["container", "process"] | None = Field(default=None, description="the host's driver when placed")
     limits: AllocationLimits | None = None
+    workload: WorkloadSpec | None = Field(default=None, description="the launchable workload it runs, if any")
+    workload_endpoint: WorkloadEndpoint | None = Field(
+        default=None, description="set when the workload's health check answered (active allocations)"
+    )
 
 
 class SshGrantState(Payload):

@@ -57,11 +57,33 @@ class OperationStatus(StrEnum):
 
 
 class PlacementIntent(Payload):
-    """Which allocations the instance runs on; realised on hosts by allocations, not here."""
+    """Which allocations the instance runs on; realised on hosts by allocations, not here.
 
-    mode: Literal["same_node", "split"] = "same_node"
+    `launch` (launchable apps): the deploy asks for a NEW allocation of `gpu_count` x `gpu_model` that runs
+    the app's workload (see InstanceState.launch); its id is chosen at deploy (`launch_allocation_id`)."""
+
+    mode: Literal["same_node", "split", "launch"] = "same_node"
     controller_allocation_id: uuid.UUID | None = None
     worker_allocation_ids: list[uuid.UUID] = Field(default_factory=list)
+    gpu_model: str | None = Field(default=None, description="launch: the GPU model of the new allocation")
+    gpu_count: int | None = Field(default=None, ge=1, le=64, description="launch: its GPU count (default 1)")
+    launch_allocation_id: uuid.UUID | None = Field(default=None, description="launch: the allocation's id")
+
+
+class LaunchRequest(Payload):
+    """What allocations needs to create a launchable instance's allocation (consumed from instance.created):
+    the app's image pinned by digest (checked against allocations' projection of the catalog's artifacts),
+    the capacity and the workload to start."""
+
+    allocation_id: uuid.UUID
+    owner_user_id: uuid.UUID | None = None
+    gpu_model: str
+    gpu_count: int = Field(default=1, ge=1, le=64)
+    app_slug: str
+    app_version: str
+    image: str
+    digest: Digest
+    workload: dict[str, Any] = Field(description="a WorkloadSpec (gpuaas.contracts.events.allocations)")
 
 
 class InstanceHealth(Payload):
@@ -108,6 +130,7 @@ class InstanceState(Payload):
     controller_service_account_id: uuid.UUID | None = Field(
         default=None, description="the service account bound as this app's controller in the project"
     )
+    launch: LaunchRequest | None = Field(default=None, description="launchable apps: the allocation to create")
 
 
 class MemberState(Payload):

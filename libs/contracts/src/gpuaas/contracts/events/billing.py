@@ -25,6 +25,7 @@ class PriceUnit(StrEnum):
     tokens = "tokens"
     requests = "requests"
     model_seconds = "model_seconds"
+    app_hours = "app_hours"
 
 
 class PriceState(Payload):

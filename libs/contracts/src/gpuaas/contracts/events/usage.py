@@ -79,6 +79,10 @@ class UsageRecord(Payload):
     window_end: Timestamp
     gpu_seconds: Quantity = Field(description="gpu_count * window seconds")
     final: bool = Field(default=False, description="the last record of the meter (closed at release request)")
+    instance_id: uuid.UUID | None = Field(
+        default=None,
+        description="the app instance whose members ran on the allocation during the window (None: no app, or several)",
+    )
 
     @model_validator(mode="after")
     def _window_is_ordered(self) -> Self:

@@ -55,6 +55,7 @@ from gpuaas.allocations.service.hosts import (
     set_tenancy,
     uncordon_host,
 )
+from gpuaas.allocations.service.launch import launch_allocation, release_launch_allocation
 from gpuaas.allocations.service.lifecycle import (
     LIVE_MEMBER,
     allocation_views,
@@ -119,6 +120,7 @@ __all__ = [
     "hash_token",
     "heartbeat",
     "host_state",
+    "launch_allocation",
     "list_allocations",
     "list_grants",
     "list_host_classes",
@@ -139,6 +141,7 @@ __all__ = [
     "reenrol_host",
     "register_agent",
     "release_allocation",
+    "release_launch_allocation",
     "report_progress",
     "requeue_expired_tasks",
     "resize_allocation",

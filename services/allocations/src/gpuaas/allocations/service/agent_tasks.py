@@ -3,6 +3,8 @@ to its allocation."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,6 +18,7 @@ from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments
 from gpuaas.allocations.service.agents import host_by_token
 from gpuaas.allocations.service.common import SYSTEM, _free_capacity, _timeline, _transition, alloc_state, now
 from gpuaas.allocations.service.hosts import load_host
+from gpuaas.allocations.service.launch import workload_endpoint
 from gpuaas.allocations.service.volumes import _detach_all
 from gpuaas.allocations.views import Task
 from gpuaas.contracts.enums import AllocationStatus
@@ -147,6 +150,30 @@ async def complete_task(
     return True
 
 
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def reported_network(result: dict[str, Any], keep: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The allocation's project-network address as its agent reports it (container driver), checked for shape:
+    a name, an IP address, a hostname. Absent from the result (an older agent): `keep`."""
+    if "network" not in result:
+        return keep
+    net = result["network"]
+    if not isinstance(net, dict) or not _NAME.match(str(net.get("name") or "")):
+        return None
+    try:
+        address = str(ipaddress.ip_address(str(net.get("address")))) if net.get("address") else None
+    except ValueError:
+        address = None
+    hostname = str(net.get("hostname") or "")
+    return {
+        "name": str(net["name"]),
+        "address": address,
+        "hostname": hostname if _NAME.match(hostname) else None,
+        "scope": "host",
+    }
+
+
 async def _on_provision(
     session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
 ) -> None:
@@ -168,6 +195,8 @@ async def _on_provision(
                 task_id=task.task_id,
             )
         t = now()
+        # A launchable workload (issue 21): its endpoint is the enrolled host's address + the published port.
+        runtime = workload_endpoint(alloc.runtime, host, result)
         row = await _transition(
             session,
             alloc,
@@ -176,6 +205,8 @@ async def _on_provision(
             ssh_host=host.ssh_host,
             ssh_port=host.ssh_port,
             failure_reason=None,
+            network=reported_network(result),
+            **({"runtime": runtime} if runtime else {}),
         )
         activated(session, alloc.requested_at, t)
         await add_event(
@@ -198,7 +229,8 @@ async def _on_restart(
     if alloc.status != AllocationStatus.restarting:
         return
     if ok:
-        row = await _transition(session, alloc, AllocationStatus.active, failure_reason=None)
+        network = reported_network(result, alloc.network)
+        row = await _transition(session, alloc, AllocationStatus.active, failure_reason=None, network=network)
         await add_event(
             session, allocation_events.AllocationRestarted.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )
@@ -233,6 +265,7 @@ async def _on_resize(
             target_gpu_indices=None,
             failure_reason=None,
             limits=task.payload.get("limits") if alloc.runtime else alloc.limits,
+            network=reported_network(result, alloc.network),  # a recreated container may have a new address
         )
         await add_event(
             session, allocation_events.AllocationResized.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)

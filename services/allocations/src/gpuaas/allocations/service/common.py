@@ -15,7 +15,7 @@ from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments,
 from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events.allocations import AllocationState, SshEndpoint
-from gpuaas.kit import iam
+from gpuaas.kit import iam, workload_tokens
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import NotFound
 from gpuaas.kit.versioning import check_version
@@ -62,6 +62,11 @@ def alloc_state(row: Any) -> AllocationState:
         runtime=row.runtime,
         driver=row.driver,
         limits=row.limits,
+        # a launchable app's workload (issue 21), kept in the runtime record; its secret is in no event
+        workload=(row.runtime or {}).get("workload"),
+        workload_endpoint=(row.runtime or {}).get("workload_endpoint")
+        if row.status == AllocationStatus.active
+        else None,
     )
 
 
@@ -184,3 +189,12 @@ async def load_allocation(
         ).one()
     check_version(row.version, expected_version)
     return await _with_volumes(session, row)
+
+
+def workload_payload(runtime: dict[str, Any] | None) -> dict[str, Any]:
+    """The workload part of a provision/restart task: the spec and its secret (never in an event)."""
+    spec = (runtime or {}).get("workload")
+    if not spec:
+        return {}
+    token = workload_tokens.derive(workload_tokens.key_from_env(), spec["instance_id"])
+    return {"workload": spec, "workload_token": token}

@@ -25,13 +25,14 @@ from gpuaas.allocations.service.common import (
     alloc_state,
     load_allocation,
     now,
+    workload_payload,
 )
 from gpuaas.allocations.service.host_classes import limits_for, runtime_and_limits
 from gpuaas.allocations.service.placement import _capacities, _place
 from gpuaas.allocations.service.quotas import _check_quota
 from gpuaas.allocations.service.runtimes import resolve_runtime
 from gpuaas.allocations.service.volumes import _attach, _volume_mounts, volume_summaries
-from gpuaas.allocations.views import Allocation, AllocationChange, VolumeRef
+from gpuaas.allocations.views import Allocation, AllocationChange, AllocationNetwork, VolumeRef
 from gpuaas.contracts import Actor, Event, new_event_id
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape
 from gpuaas.contracts.events import allocations as allocation_events
@@ -170,6 +171,8 @@ async def _workspace_payload(session: AsyncSession, row: Any, gpu_indices: list[
         "gpu_indices": gpu_indices,
         "authorized_keys": await authorized_keys(session, row),
         "volumes": await _volume_mounts(session, row.allocation_id),
+        "project_id": str(row.project_id),  # the container driver's project network
+        "tenant_id": str(row.tenant_id),
         **_runtime_payload(row.runtime, row.limits),
     }
 
@@ -178,6 +181,7 @@ def _runtime_payload(runtime: dict[str, Any] | None, limits: dict[str, Any] | No
     return {
         "runtime": {"image": runtime["image"], "digest": runtime["digest"]} if runtime else None,
         "limits": limits,
+        **workload_payload(runtime),  # a launchable app's workload and its secret (service/common.py)
     }
 
 
@@ -240,6 +244,7 @@ def _view(row: Any, vols: list[Any]) -> Allocation:
             "after_release": domain.allocation_after_release([(v.name, v.persist) for v in vols]),
             "awaiting_release_clearance": row.awaiting_clearance_since is not None,
             "release_evidence": row.release_evidence,
+            "network": AllocationNetwork(**row.network) if row.network else None,
         }
     )
 
@@ -516,10 +521,14 @@ async def clearance_granted(session: AsyncSession, alloc_id: uuid.UUID, *, force
 
 
 async def overdue_clearances(session: AsyncSession, timeout_s: float) -> list[uuid.UUID]:
+    # Replicas' reconcilers lock these one by one (clearance_granted re-checks under the lock, so each is
+    # forced once); in one fixed order, so two replicas never deadlock over the same set.
     rows = await session.execute(
-        select(allocations.c.allocation_id).where(
+        select(allocations.c.allocation_id)
+        .where(
             allocations.c.awaiting_clearance_since < now() - timedelta(seconds=timeout_s),
             allocations.c.status == AllocationStatus.releasing,
         )
+        .order_by(allocations.c.allocation_id)
     )
     return [r[0] for r in rows]

@@ -207,3 +207,15 @@ class ControllerEvent(BaseModel):
     kind: str = Field(min_length=1, max_length=100, pattern=r"^[a-z0-9_.-]+$")
     message: Text = Field("", max_length=4000)
     data: JsonObject = Field(default_factory=dict)
+
+
+class ControllerState(BaseModel):
+    instance_id: uuid.UUID
+    state: dict[str, Any]
+    version: int = Field(description="0 while nothing is stored")
+    updated_at: datetime | None
+
+
+class ControllerStateWrite(BaseModel):
+    state: dict[str, Any]
+    expected_version: int = Field(ge=0, description="the version read (0: nothing stored yet)")

@@ -14,11 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import domain
 from gpuaas.app_runtime.models import allocations, controller_bindings, entitlements, instances, manifests
+from gpuaas.app_runtime.service import launch
 from gpuaas.app_runtime.service.common import (
     audit_on,
     authorized_instance,
     emit_instance,
     insert_operation,
+    load_manifest,
     timeline,
     update_instance,
 )
@@ -48,6 +50,9 @@ async def bind_controller(
 ) -> ControllerBindingView:
     """Make a service account (scope `app-controller`) the controller of an app in a project."""
     await iam.authorize(session, principal, "apps.instance.manage", project_id=project_id)
+    known = (await session.execute(select(manifests.c.manifest_id).where(manifests.c.slug == app_slug))).first()
+    if known is None:  # the catalog's manifests reach this projection by event: a new app may lag a moment
+        raise NotFound(f"no app {app_slug!r} in the catalog (or not known to app-runtime yet)", code="app_not_found")
     sa = (
         await session.execute(
             select(iam_service_accounts).where(iam_service_accounts.c.service_account_id == service_account_id)
@@ -102,12 +107,6 @@ async def find_manifest(session: AsyncSession, app_slug: str, app_version: str |
         what = f"{app_slug} {app_version}" if app_version else f"an active version of {app_slug}"
         raise NotFound(f"no app manifest for {what}", code="app_not_found")
     return max(found, key=lambda m: domain.version_key(m.app_version))
-
-
-async def load_manifest(session: AsyncSession, manifest_id: uuid.UUID | None) -> ManifestView:
-    return from_row(
-        ManifestView, (await session.execute(select(manifests).where(manifests.c.manifest_id == manifest_id))).one()
-    )
 
 
 def compatibility_of(manifest: ManifestView) -> dict[str, Any]:
@@ -168,6 +167,17 @@ async def deploy(
     assert tenant_id is not None
     manifest = await find_manifest(session, app_slug, app_version)
     await check_deployable(session, tenant_id, manifest)
+    if launch.is_launchable(manifest):  # its own allocation, no controller (service/launch.py)
+        return await launch.deploy_launchable(
+            session,
+            principal,
+            tenant_id=tenant_id,
+            project_id=project_id,
+            name=name,
+            manifest=manifest,
+            config=config,
+            placement=placement,
+        )
     ids = [i for i in [placement.controller_allocation_id, *placement.worker_allocation_ids] if i is not None]
     domain.check_placement(
         project_id=project_id,

@@ -14,6 +14,7 @@ from gpuaas.app_runtime import domain
 from gpuaas.app_runtime.models import operations
 from gpuaas.app_runtime.service.common import (
     OPEN_STATUSES,
+    allocation_gone,
     audit_on,
     authorized_instance,
     cancel_open_operation,
@@ -21,6 +22,7 @@ from gpuaas.app_runtime.service.common import (
     insert_operation,
     live_members,
     load_instance,
+    load_manifest,
     load_member,
     now,
     open_operations,
@@ -32,7 +34,6 @@ from gpuaas.app_runtime.service.common import (
     update_member,
 )
 from gpuaas.app_runtime.service.credentials import revoke_credentials
-from gpuaas.app_runtime.service.deploy import load_manifest
 from gpuaas.app_runtime.service.views import InstanceView, MemberView, OperationView, from_row
 from gpuaas.contracts import Actor
 from gpuaas.contracts.enums import InstanceStatus
@@ -255,12 +256,22 @@ async def decommission(
     return await load_instance(session, instance_id)
 
 
+def decommissioned_health() -> dict[str, Any]:
+    """A decommissioned instance serves nothing: the controller's last report (say `healthy, 3 member(s)
+    serving`) would be a lie, and no controller reports on it any more."""
+    return InstanceHealth(status="unknown", message="instance decommissioned", checked_at=now()).model_dump(mode="json")
+
+
 async def check_decommission(session: AsyncSession, instance_id: uuid.UUID, actor: Actor) -> None:
     """Once every `remove` of the round is finished: decommissioned if each teardown was verified, else
     decommission_failed with the evidence."""
     inst = await load_instance(session, instance_id, lock=True)
     if inst.status != InstanceStatus.decommissioning:
         return
+    if (launched := (inst.runtime_detail or {}).get("launch")) and not await allocation_gone(
+        session, uuid.UUID(launched["allocation_id"])
+    ):
+        return  # a launchable app: decommissioned once allocations released its allocation (service/launch.py)
     report = dict(inst.decommission or {})
     op_ids = [uuid.UUID(i) for i in report.get("operation_ids", [])]
     rows = await session.execute(select(operations).where(operations.c.operation_id.in_(op_ids)))
@@ -291,7 +302,13 @@ async def check_decommission(session: AsyncSession, instance_id: uuid.UUID, acto
         )
         return
     await set_instance_status(
-        session, inst, InstanceStatus.decommissioned, actor, "teardown verified for every member", decommission=report
+        session,
+        inst,
+        InstanceStatus.decommissioned,
+        actor,
+        "teardown verified for every member",
+        decommission=report,
+        health=decommissioned_health(),
     )
     await revoke_credentials(session, instance_id, actor)
 
@@ -331,7 +348,13 @@ async def force_decommission(
         "evidence": [*report.get("evidence", []), f"FORCED by {actor.kind}:{actor.id}: {reason}"],
     }
     inst = await set_instance_status(
-        session, inst, InstanceStatus.decommissioned, actor, f"decommission FORCED: {reason}", decommission=report
+        session,
+        inst,
+        InstanceStatus.decommissioned,
+        actor,
+        f"decommission FORCED: {reason}",
+        decommission=report,
+        health=decommissioned_health(),
     )
     await revoke_credentials(session, instance_id, actor)
     await audit_on(

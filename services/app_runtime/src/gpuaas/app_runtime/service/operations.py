@@ -32,6 +32,7 @@ from gpuaas.app_runtime.service.common import (
     insert_operation,
     live_members,
     load_instance,
+    load_manifest,
     load_member,
     load_operation,
     now,
@@ -43,7 +44,7 @@ from gpuaas.app_runtime.service.common import (
     update_operation,
 )
 from gpuaas.app_runtime.service.credentials import sync_grant
-from gpuaas.app_runtime.service.deploy import allocation_views, compatibility_of, load_manifest
+from gpuaas.app_runtime.service.deploy import allocation_views, compatibility_of
 from gpuaas.app_runtime.service.lifecycle import check_decommission, check_stopped
 from gpuaas.app_runtime.service.release import check_release
 from gpuaas.app_runtime.service.views import ClaimView, OperationView, from_row
@@ -112,11 +113,14 @@ async def request_operation(
             raise Unprocessable(f"a {kind} operation needs allocation_id", code="allocation_required")
         views = await allocation_views(session, [allocation_id])
         domain.check_allocation(allocation_id, inst.project_id, views.get(allocation_id), compatibility)
-        others = {m.allocation_id for m in await live_members(session, instance_id)}
+        live = await live_members(session, instance_id)
+        others = {m.allocation_id for m in live}
         if allocation_id not in others and others and not compatibility.get("multi_allocation", False):
             raise Unprocessable("this app does not span several allocations", code="incompatible_multi_allocation")
-        if kind is OperationKind.add and not component_key:
-            component_key = domain.component_keys(manifest.state.get("roles") or [])[1]
+        if kind is OperationKind.add:
+            roles = manifest.state.get("roles") or []
+            component_key = component_key or domain.component_keys(roles)[1]
+            domain.check_add_component(roles, component_key, (m.component_key for m in live))
     else:
         allocation_id = None
     op = await insert_operation(

@@ -1,5 +1,6 @@
-"""Billing's HTTP surface, by audience: tenants and projects (`users`), operators (`operators`)."""
+"""Billing's HTTP surface, by audience: tenants and projects (`users`), operators (`operators`),
+chart series (`insight`)."""
 
-from gpuaas.billing.api import operators, users
+from gpuaas.billing.api import insight, operators, users
 
-routers = [users.router, operators.router]
+routers = [users.router, insight.router, operators.router]

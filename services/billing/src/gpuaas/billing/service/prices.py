@@ -102,16 +102,15 @@ async def publish_price(
         before=_price_json(current),
         after=state.model_dump(mode="json"),
     )
-    # Rate what was waiting for this SKU and falls in the new price's range.
+    # Rate what was waiting for this SKU and falls in the new price's range. The SKU's first price also
+    # rates the usage dated before it: that usage had no price at all and was waiting for this one
+    # (rating.PriceBook.at does the same for such usage arriving later).
     price = (await session.execute(select(prices).where(prices.c.price_id == price_id))).one()
+    in_range = [usage_received.c.usage_start >= effective_from] if current is not None else []
     waiting = (
         await session.execute(
             select(usage_received)
-            .where(
-                usage_received.c.sku == sku,
-                usage_received.c.status == "unrated",
-                usage_received.c.usage_start >= effective_from,
-            )
+            .where(usage_received.c.sku == sku, usage_received.c.status == "unrated", *in_range)
             .with_for_update(skip_locked=True)
         )
     ).all()

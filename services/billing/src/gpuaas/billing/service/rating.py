@@ -90,7 +90,7 @@ class Usage:
                 usage_start=gpu.window_start,
                 usage_end=gpu.window_end,
                 allocation_id=gpu.allocation_id,
-                instance_id=None,
+                instance_id=gpu.instance_id,  # the app instance on the allocation, when metering knows one
                 app_slug=None,
                 event_time=event.time,
             )
@@ -163,9 +163,14 @@ class PriceBook:
         return cls((await session.execute(select(prices).where(prices.c.sku.in_(sorted(skus))))).all())
 
     def at(self, sku: str, when: datetime) -> Any:
-        for row in self.by_sku.get(sku, []):  # newest first
+        """The price in effect at `when`; usage dated before the SKU's first price takes that first price
+        (it had none, so it was waiting for it: a price published now rates the minutes before it too)."""
+        book = self.by_sku.get(sku, [])
+        for row in book:  # newest first
             if row.effective_from <= when and (row.effective_to is None or row.effective_to > when):
                 return row
+        if book and when < book[-1].effective_from:
+            return book[-1]
         return None
 
 

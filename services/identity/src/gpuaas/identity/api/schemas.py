@@ -92,7 +92,13 @@ class UserCreate(BaseModel):
     email: EmailStr
     password: str = Field(min_length=12, max_length=256)
     display_name: Name = Field("", max_length=200)
-    role: Role | None = Role.project_member
+    role: Role | None = Field(
+        Role.project_member,
+        description="tenant-wide without `project_id`; project_admin needs a project (422 `project_required`)",
+    )
+    project_id: uuid.UUID | None = Field(
+        None, description="a project of this tenant: the role (a project role) is granted there, project-scoped"
+    )
     email_verified: bool = Field(False, description="the admin vouches for the address (used by federation)")
 
 

@@ -71,6 +71,7 @@ async def create_user(kit: Kit, tenant_id: uuid.UUID, body: UserCreate, principa
             password=body.password,
             display_name=body.display_name,
             role=body.role,
+            project_id=body.project_id,
             email_verified=body.email_verified,
         )
 

@@ -137,12 +137,30 @@ async def create_tenant_user(
     password: str,
     display_name: str,
     role: Role | None,
+    project_id: uuid.UUID | None = None,
     email_verified: bool = False,
 ) -> views.UserCreated:
+    """A user of the tenant, with a tenant-wide role, or a project role in `project_id`. A project_admin
+    always names its project: at tenant scope it would administer every project under a project role."""
     await iam.authorize(session, principal, "identity.member.manage", tenant_id=tenant_id)
     if not (await session.execute(select(tenants.c.tenant_id).where(tenants.c.tenant_id == tenant_id))).first():
         raise NotFound("tenant not found", code="tenant_not_found")
-    if role is not None and role not in TENANT_ROLES:
+    if project_id is not None:
+        if role not in PROJECT_ROLES:
+            raise Unprocessable(f"{role} cannot be granted at project scope", code="invalid_role")
+        owner = (
+            await session.execute(
+                select(projects.c.tenant_id).where(projects.c.project_id == project_id, projects.c.archived.is_(False))
+            )
+        ).scalar()
+        if owner != tenant_id:
+            raise NotFound("no such project in this tenant", code="project_not_found")
+    elif role is Role.project_admin:
+        raise Unprocessable(
+            "project_admin is granted in a project: give project_id (or add the user to a project later)",
+            code="project_required",
+        )
+    elif role is not None and role not in TENANT_ROLES:
         raise Unprocessable(f"{role} cannot be granted at tenant scope", code="invalid_role")
     # A verified email is what brokered linking trusts: only an operator may vouch for one by hand
     # (otherwise it becomes verified through an IdP that proved it owns the email's domain).
@@ -159,8 +177,9 @@ async def create_tenant_user(
     )
     membership_id = None
     if role is not None:
+        scope = MembershipScope.project if project_id is not None else MembershipScope.tenant
         membership_id = await grant(
-            session, principal, user_id=user_id, scope=MembershipScope.tenant, role=role, tenant_id=tenant_id
+            session, principal, user_id=user_id, scope=scope, role=role, tenant_id=tenant_id, project_id=project_id
         )
     return views.UserCreated(user_id=user_id, email=email, tenant_id=tenant_id, membership_id=membership_id)
 
@@ -312,7 +331,7 @@ async def set_user_status(
 # --------------------------------------------------------------------------------------- reads
 
 
-def _membership(r: Row, email: str | None = None) -> views.Membership:
+def _membership(r: Row, email: str | None = None, display_name: str | None = None) -> views.Membership:
     return views.Membership(
         membership_id=r.membership_id,
         user_id=r.user_id,
@@ -321,6 +340,7 @@ def _membership(r: Row, email: str | None = None) -> views.Membership:
         tenant_id=r.tenant_id,
         project_id=r.project_id,
         email=email,
+        display_name=display_name,
     )
 
 
@@ -364,9 +384,9 @@ async def list_project_members(
 ) -> list[views.Membership]:
     await iam.authorize(session, principal, "identity.member.read", project_id=project_id)
     rows = await session.execute(
-        select(memberships, users.c.email)
+        select(memberships, users.c.email, users.c.display_name)
         .join(users, users.c.user_id == memberships.c.user_id)
         .where(memberships.c.project_id == project_id, memberships.c.revoked.is_(False))
         .order_by(memberships.c.created_at)
     )
-    return [_membership(r, email=r.email) for r in rows]
+    return [_membership(r, email=r.email, display_name=r.display_name) for r in rows]

@@ -59,6 +59,7 @@ class Membership(BaseModel):
     tenant_id: uuid.UUID | None
     project_id: uuid.UUID | None
     email: str | None = None
+    display_name: str | None = None  # the project member list shows it (the console's member picker)
 
 
 class Granted(BaseModel):

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -42,7 +42,10 @@ async def apply_instance(session: AsyncSession, event: Event) -> None:
         "status": str(i.status),
         "ended_at": ended_at,
         "version": i.version,
+        "launchable": i.launch is not None,  # app-hours metered by the platform (service/app_hours.py)
     }
+    if str(i.status) == "running" and (row is None or row.running_since is None):
+        values["running_since"] = i.status_changed_at
     if row is None:
         created = i.status_changed_at if i.status == "created" else min(i.status_changed_at, event.time)
         await session.execute(insert(instances).values(instance_id=i.instance_id, created_at=created, **values))
@@ -51,12 +54,28 @@ async def apply_instance(session: AsyncSession, event: Event) -> None:
 
 
 async def apply_member(session: AsyncSession, event: Event) -> None:
+    """Which instance a member belongs to, the allocation it runs on and when it was there (`joined_at`
+    from its first event seen, `left_at` once tombstoned): GPU windows are attributed from it."""
     m: app_runtime_events.MemberState = event.data
-    stmt = pg_insert(members).values(member_id=m.member_id, instance_id=m.instance_id, version=m.version)
+    left_at = m.status_changed_at if m.tombstoned else None
+    stmt = pg_insert(members).values(
+        member_id=m.member_id,
+        instance_id=m.instance_id,
+        allocation_id=m.allocation_id,
+        joined_at=m.status_changed_at,
+        left_at=left_at,
+        version=m.version,
+    )
     await session.execute(
         stmt.on_conflict_do_update(
             index_elements=["member_id"],
-            set_={"instance_id": stmt.excluded.instance_id, "version": stmt.excluded.version},
+            set_={
+                "instance_id": stmt.excluded.instance_id,
+                "allocation_id": stmt.excluded.allocation_id,
+                "joined_at": func.least(members.c.joined_at, stmt.excluded.joined_at),
+                "left_at": stmt.excluded.left_at,
+                "version": stmt.excluded.version,
+            },
             where=members.c.version < stmt.excluded.version,
         )
     )
@@ -83,13 +102,15 @@ async def record_app_usage(
     """Accept one app usage event once. A re-post with the same key answers the stored record
     (`duplicate`); the same key with a different body is a conflict; an occurrence time outside the
     instance's accepted window is refused (`usage_out_of_window`)."""
+    unknown = NotFound("no such app instance (or not known to metering yet)", code="instance_not_found")
     inst = (await session.execute(select(instances).where(instances.c.instance_id == instance_id))).first()
     if inst is None:
-        raise NotFound("no such app instance (or not known to metering yet)", code="instance_not_found")
-    if principal.is_service_account:
-        await iam.authorize(session, principal, "metering.usage.write", project_id=inst.project_id)
-    else:
-        await iam.authorize(session, principal, "metering.usage.backfill", project_id=inst.project_id)
+        raise unknown
+    action = "metering.usage.write" if principal.is_service_account else "metering.usage.backfill"
+    try:
+        await iam.authorize(session, principal, action, project_id=inst.project_id)
+    except NotFound:  # another project's instance: the same answer as a missing one (existence stays hidden)
+        raise unknown from None
     if member_id is not None:  # attributed to a member: it must be one of this instance's (tombstoned or not)
         owner = (await session.execute(select(members.c.instance_id).where(members.c.member_id == member_id))).scalar()
         if owner != instance_id:

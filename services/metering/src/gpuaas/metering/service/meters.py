@@ -24,7 +24,7 @@ from gpuaas.kit.outbox import add_events
 from gpuaas.metering import SERVICE, domain
 from gpuaas.metering.domain import Meter, MeterStatus, Window
 from gpuaas.metering.metrics import usage_emitted
-from gpuaas.metering.models import hosts, meters, usage_records
+from gpuaas.metering.models import hosts, members, meters, usage_records
 from gpuaas.metering.service.access import readable
 from gpuaas.metering.service.views import MeterOut, UsageRecordOut
 
@@ -101,6 +101,13 @@ class MeterUpdate:
         if not windows:
             return
         ident = asdict(self.ident)
+        stays = (
+            await session.execute(
+                select(members.c.instance_id, members.c.joined_at, members.c.left_at).where(
+                    members.c.allocation_id == self.ident.allocation_id
+                )
+            )
+        ).all()
         rows = [
             {
                 "usage_record_id": usage_events.usage_record_id(self.ident.allocation_id, w.start),
@@ -110,6 +117,7 @@ class MeterUpdate:
                 "window_end": w.end,
                 "gpu_seconds": w.gpu_seconds,
                 "final": w.final,
+                "instance_id": domain.instance_of_window(stays, w.start, w.end),
             }
             for w in windows
         ]

@@ -1,0 +1,86 @@
+// JupyterLab (a launchable app) in a real headless Chromium, opened through the platform's gateway only:
+// `/apps/<instance>/?access_token=<the signed-in user's token>` (what the console's Open button does), then a
+// notebook from the launcher, a cell that computes a value, and its output read back.
+//
+//   GATEWAY_URL, INSTANCE_ID, ACCESS_TOKEN, SCREENSHOT_DIR, CHROMIUM  node tests/jupyter.e2e.mjs
+//
+// Prints one JSON line {ok, steps, screenshots, consoleErrors, output, runAttempts, jupyterConsole, ...}.
+// JupyterLab's own console messages (e.g. its extension manager's) are reported in `jupyterConsole`, not
+// failed on; any request the gateway refuses fails the run.
+import { env, openBrowser } from "./browser.mjs";
+
+const BASE = env("GATEWAY_URL").replace(/\/$/, "");
+const INSTANCE = env("INSTANCE_ID");
+const TOKEN = env("ACCESS_TOKEN");
+const CELL = env("CELL", "sum(i * i for i in range(10)) * 2");
+const EXPECT = env("EXPECT", "570");
+
+const b = await openBrowser();
+const { page, step, shot } = b;
+const result = { jupyterConsole: [], refused: [] };
+page.on("console", (msg) => {
+  if (msg.type() === "error") result.jupyterConsole.push(msg.text().slice(0, 300));
+});
+page.on("response", (resp) => {
+  const url = resp.url();
+  if (url.includes(`/apps/${INSTANCE}/`) && [401, 403, 404, 502].includes(resp.status())) {
+    result.refused.push(`${resp.status()} ${url.replace(BASE, "")}`);
+  }
+});
+
+await b.run(result, async () => {
+  await step("open the app through the gateway (token exchanged for a cookie)", async () => {
+    b.expected = [/./];
+    await page.goto(`${BASE}/apps/${INSTANCE}/?access_token=${encodeURIComponent(TOKEN)}`);
+    await page.waitForURL(new RegExp(`/apps/${INSTANCE}/lab`), { timeout: b.timeout });
+    if (page.url().includes("access_token")) throw new Error(`the token stayed in the URL: ${page.url()}`);
+    const cookies = await page.context().cookies(`${BASE}/apps/${INSTANCE}/`);
+    const session = cookies.find((c) => c.name === "gpuaas_app_session");
+    if (!session || !session.httpOnly || session.path !== `/apps/${INSTANCE}/`) {
+      throw new Error(`no HttpOnly app cookie scoped to the app: ${JSON.stringify(cookies)}`);
+    }
+    await page.locator(".jp-LauncherCard").first().waitFor();
+    await shot("jupyterlab-launcher");
+  });
+  await step("new notebook from the launcher", async () => {
+    b.expected = [/./];
+    await page.locator('.jp-LauncherCard[data-category="Notebook"]').first().click();
+    await page.locator(".jp-Notebook .jp-Cell .cm-content").first().waitFor();
+    // the kernel is connected (its WebSocket through the gateway) once the status says idle
+    await page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first().waitFor({ timeout: b.timeout });
+  });
+  await step("run a cell and read its output", async () => {
+    b.expected = [/./];
+    const editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first();
+    await editor.click();
+    await page.keyboard.type(CELL);
+    // JupyterLab shows the notebook (and an idle indicator) before its kernel connection is up; a cell run
+    // then is skipped silently (the prompt stays "[ ]:", nothing is sent). So run it in place (Ctrl+Enter)
+    // until the prompt shows it was taken ("[*]:" queued/running, "[n]:" done): retries are counted.
+    result.runAttempts = 0;
+    for (;;) {
+      result.runAttempts += 1;
+      await editor.click();
+      await page.keyboard.press("Control+Enter");
+      const taken = await page
+        .waitForFunction(
+          () => /\[(\*|\d+)\]/.test(document.querySelector(".jp-Notebook .jp-Cell .jp-InputPrompt")?.textContent ?? ""),
+          null,
+          { timeout: 15000 },
+        )
+        .then(() => true, () => false);
+      if (taken) break;
+      if (result.runAttempts >= 6) throw new Error("the cell was never taken by the kernel (prompt stayed [ ])");
+    }
+    const out = page.locator(".jp-OutputArea-output").first();
+    await out.waitFor();
+    await page.waitForFunction(
+      (want) => (document.querySelector(".jp-OutputArea-output")?.textContent ?? "").includes(want),
+      EXPECT,
+      { timeout: b.timeout },
+    );
+    result.output = (await out.textContent()).trim();
+    await shot("jupyterlab-cell-output");
+  });
+  if (result.refused.length) throw new Error(`the gateway refused requests: ${result.refused.join(", ")}`);
+});
