@@ -60,22 +60,24 @@ def run_stack(request: pytest.FixtureRequest, prefix: str, **overrides: Any) -> 
     `GPUAAS_STACK_BROKER=testcontainers` Postgres and Apache Kafka run as containers (`container_infra`)."""
     root = temp_root(prefix)
     config = StackConfig.from_env(root=root, free_ports=True, **overrides)
-    with ExitStack() as infra:
-        if config.broker == "testcontainers" and not config.database_url:
-            config.database_url = container_infra(infra, root)
-        stack = Stack(config)
-        stack.start()
-        try:
-            yield stack
-        finally:
+    try:
+        with ExitStack() as infra:  # closed before the directory goes: the podman API socket lives in it
+            if config.broker == "testcontainers" and not config.database_url:
+                config.database_url = container_infra(infra, root)
+            stack = Stack(config)
+            stack.start()
             try:
-                stack.stop()
-            finally:  # the stack is disposable: so are its allocations' containers, even when stopping failed
-                remove_agent_containers(root / "agents")
-            if os.environ.get("GPUAAS_KEEP_STACK") or request.session.testsfailed:
-                log.warning("kept the stack's logs and data for a post-mortem: %s", root)
-            else:
-                remove_root(root)
+                yield stack
+            finally:
+                try:
+                    stack.stop()
+                finally:  # the stack is disposable: so are its allocations' containers, even when stopping failed
+                    remove_agent_containers(root / "agents")
+    finally:
+        if os.environ.get("GPUAAS_KEEP_STACK") or request.session.testsfailed:
+            log.warning("kept the stack's logs and data for a post-mortem: %s", root)
+        else:
+            remove_root(root)
 
 
 def container_infra(infra: ExitStack, root: Path) -> str:
