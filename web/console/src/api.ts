@@ -74,8 +74,17 @@ function adopt(body: Record<string, unknown>): void {
   });
 }
 
+/** One request. A read that fails at the network level (the browser aborts in-flight requests when the
+ * machine's network interfaces change, e.g. a VPN or a new bridge) is tried once more; writes never are. */
 async function raw(method: string, path: string, init: RequestInit = {}): Promise<Response> {
-  return fetch(path, { method, credentials: "same-origin", ...init });
+  const send = () => fetch(path, { method, credentials: "same-origin", ...init });
+  if (method !== "GET") return send();
+  try {
+    return await send();
+  } catch {
+    await new Promise((r) => setTimeout(r, 300));
+    return send();
+  }
 }
 
 async function parse(resp: Response): Promise<unknown> {

@@ -22,6 +22,10 @@ export async function openBrowser() {
   const steps = [];
   const screenshots = [];
   const consoleErrors = [];
+  // Chromium aborts in-flight requests with ERR_NETWORK_CHANGED whenever the host's interfaces change, and
+  // the tests' own stack creates podman bridges and veths while a page is open. The console retries such a
+  // read (api.ts raw); the events are recorded apart, and a step that did not recover still fails.
+  const networkChanges = [];
   const b = { expected: [] }; // regexes of console errors the current step causes on purpose (e.g. a 401)
 
   const profile = mkdtempSync(join(tmpdir(), "gpuaas-chromium-"));
@@ -47,6 +51,7 @@ export async function openBrowser() {
     if (msg.type() !== "error") return;
     const text = msg.text();
     if (b.expected.some((re) => re.test(text))) return;
+    if (/net::ERR_NETWORK_CHANGED/.test(text)) return void networkChanges.push({ url: page.url(), text });
     consoleErrors.push({ url: page.url(), text });
   });
   page.on("pageerror", (err) => consoleErrors.push({ url: page.url(), text: `uncaught: ${err.message}` }));
@@ -108,7 +113,7 @@ export async function openBrowser() {
 
   /** Run the scenario, then print the result line and exit (1 on a failure or an unexpected console error). */
   async function run(result, scenario) {
-    Object.assign(result, { ok: false, steps, screenshots, consoleErrors });
+    Object.assign(result, { ok: false, steps, screenshots, consoleErrors, networkChanges });
     try {
       await scenario();
       if (consoleErrors.length) throw new Error(`console errors: ${JSON.stringify(consoleErrors).slice(0, 2000)}`);
