@@ -53,18 +53,23 @@ async def tenant(c: Client, ref: str) -> str:
     )
 
 
+def _live_first(kind: str, ref: str, items: list[Any], live: list[Any], id_of: Any, names: Any) -> Any:
+    """A released/decommissioned thing keeps its name: a live namesake wins; the others are found only when no
+    live one fits."""
+    try:
+        return resolve(kind, ref, live, id_of=id_of, names=names)
+    except Unresolved as exc:
+        if exc.code != "not_found":
+            raise
+        return resolve(kind, ref, items, id_of=id_of, names=names)
+
+
 async def allocation(c: Client, project_id: str, ref: str) -> str:
     if is_uuid(ref):
         return ref
     items = await c.allocations(project_id, include_released=True)
-    # A released allocation keeps its name: the live one wins over released namesakes.
     live = [a for a in items if a.status != "released"]
-    try:
-        a = resolve("allocation", ref, live, id_of=lambda a: a.allocation_id, names=lambda a: (a.name,))
-    except Unresolved as exc:
-        if exc.code != "not_found":
-            raise
-        a = resolve("allocation", ref, items, id_of=lambda a: a.allocation_id, names=lambda a: (a.name,))
+    a = _live_first("allocation", ref, items, live, lambda a: a.allocation_id, lambda a: (a.name,))
     return str(a.allocation_id)
 
 
@@ -73,13 +78,7 @@ async def instance(c: Client, project_id: str, ref: str) -> str:
         return ref
     items: list[Instance] = await c.instances(project_id=project_id)
     live = [i for i in items if i.status != "decommissioned"]
-    try:
-        i = resolve("instance", ref, live, id_of=lambda i: i.instance_id, names=lambda i: (i.name,))
-    except Unresolved as exc:
-        if exc.code != "not_found":
-            raise
-        i = resolve("instance", ref, items, id_of=lambda i: i.instance_id, names=lambda i: (i.name,))
-    return str(i.instance_id)
+    return str(_live_first("instance", ref, items, live, lambda i: i.instance_id, lambda i: (i.name,)).instance_id)
 
 
 async def member(c: Client, instance_id: str, ref: str) -> str:

@@ -22,9 +22,9 @@ from sqlalchemy import insert, select
 
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, catalog_artifacts
-from gpuaas.allocations.service.common import SYSTEM, _enqueue, _timeline, _transition, _with_volumes, alloc_state, now
+from gpuaas.allocations.service.common import SYSTEM, _timeline, _transition, _with_volumes, alloc_state, now
 from gpuaas.allocations.service.host_classes import limits_for
-from gpuaas.allocations.service.lifecycle import _request_release, _workspace_payload
+from gpuaas.allocations.service.lifecycle import _request_release, _start_provisioning
 from gpuaas.allocations.service.placement import _place
 from gpuaas.allocations.service.quotas import _check_quota
 from gpuaas.contracts import Actor, Event
@@ -121,29 +121,18 @@ async def launch_allocation(session: Any, inst: InstanceState, actor: Actor) -> 
         await add_events(session, events)
         return
     await nested.commit()
-    row = await _transition(
+    await _start_provisioning(
         session,
         requested,
-        AllocationStatus.provisioning,
-        host_id=host.host_id,
-        gpu_indices=picked,
-        gpu_count=len(picked),
-        driver=host.driver,
+        host,
+        picked,
         runtime=runtime,
         limits=limits,
+        note=f"; image {launch.app_slug} {launch.app_version} ({launch.digest}); workload on port "
+        f"{workload['port']}, health {workload['health_path']}",
+        events=events,
+        actor=actor,
     )
-    await _timeline(
-        session,
-        alloc_id,
-        "placement",
-        "succeeded",
-        f"placed on {host.name}: GPUs {','.join(map(str, picked))}; image {launch.app_slug} {launch.app_version} "
-        f"({launch.digest}); workload on port {workload['port']}, health {workload['health_path']}",
-    )
-    events.append(allocation_events.AllocationProvisioning.build(data=alloc_state(row), source=SERVICE, actor=actor))
-    await add_events(session, events)
-
-    await _enqueue(session, host.host_id, alloc_id, "provision", await _workspace_payload(session, row, picked))
     await audit.record(
         session,
         service=SERVICE,

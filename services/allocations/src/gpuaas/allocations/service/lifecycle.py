@@ -117,36 +117,19 @@ async def create_allocation(
     await _timeline(session, alloc_id, "status", "info", "requested")
     for vid in volume_ids:
         await _attach(session, principal, alloc_id, project_id, vid, emit_task=False)
-    row = await _transition(
+    note = (f"; runtime {runtime_ref.slug} {runtime_ref.version} ({runtime_ref.digest})" if runtime_ref else "") + (
+        f"; limits {limits['cpus']} CPUs, {limits['memory_mb']} MB, {limits['pids']} pids" if limits else ""
+    )
+    row = await _start_provisioning(
         session,
         requested,
-        AllocationStatus.provisioning,
-        host_id=host.host_id,
-        gpu_indices=picked,
-        gpu_count=len(picked),
-        driver=host.driver,
+        host,
+        picked,
         runtime=runtime_ref.model_dump() if runtime_ref else None,
         limits=limits,
-    )
-    await _timeline(
-        session,
-        alloc_id,
-        "placement",
-        "succeeded",
-        f"placed on {host.name}: GPUs {','.join(map(str, picked))}"
-        + (f"; runtime {runtime_ref.slug} {runtime_ref.version} ({runtime_ref.digest})" if runtime_ref else "")
-        + (f"; limits {limits['cpus']} CPUs, {limits['memory_mb']} MB, {limits['pids']} pids" if limits else ""),
-    )
-    events.append(
-        allocation_events.AllocationProvisioning.build(data=alloc_state(row), source=SERVICE, actor=principal.actor)
-    )
-    await add_events(session, events)
-    await _enqueue(
-        session,
-        host.host_id,
-        alloc_id,
-        "provision",
-        await _workspace_payload(session, row, picked),
+        note=note,
+        events=events,
+        actor=principal.actor,
     )
     await audit.record(
         session,
@@ -160,6 +143,46 @@ async def create_allocation(
         after=alloc_state(row).model_dump(mode="json"),
     )
     return await _changed(session, row)
+
+
+async def _start_provisioning(
+    session: AsyncSession,
+    requested: Any,
+    host: Any,
+    picked: list[int],
+    *,
+    runtime: dict[str, Any] | None,
+    limits: dict[str, Any] | None,
+    note: str,
+    events: list[Event],
+    actor: Actor,
+) -> Any:
+    """A placed allocation: provisioning on `host` with GPUs `picked`, the placement on its timeline, `events`
+    plus allocation.provisioning in the outbox, and the provision task queued for the host's agent."""
+    row = await _transition(
+        session,
+        requested,
+        AllocationStatus.provisioning,
+        host_id=host.host_id,
+        gpu_indices=picked,
+        gpu_count=len(picked),
+        driver=host.driver,
+        runtime=runtime,
+        limits=limits,
+    )
+    await _timeline(
+        session,
+        row.allocation_id,
+        "placement",
+        "succeeded",
+        f"placed on {host.name}: GPUs {','.join(map(str, picked))}{note}",
+    )
+    events.append(allocation_events.AllocationProvisioning.build(data=alloc_state(row), source=SERVICE, actor=actor))
+    await add_events(session, events)
+    await _enqueue(
+        session, host.host_id, row.allocation_id, "provision", await _workspace_payload(session, row, picked)
+    )
+    return row
 
 
 async def _workspace_payload(session: AsyncSession, row: Any, gpu_indices: list[int]) -> dict[str, Any]:

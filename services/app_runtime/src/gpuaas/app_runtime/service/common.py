@@ -16,11 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import EVENT_SOURCE, SERVICE, domain
 from gpuaas.app_runtime.models import (
-    allocations,
     controller_bindings,
     instance_events,
     instances,
-    manifests,
     members,
     operations,
 )
@@ -28,7 +26,6 @@ from gpuaas.app_runtime.service.views import (
     ControllerBindingView,
     CredentialView,
     InstanceView,
-    ManifestView,
     MemberView,
     OperationView,
     TimelineEntryView,
@@ -36,7 +33,7 @@ from gpuaas.app_runtime.service.views import (
     from_row,
 )
 from gpuaas.contracts import Actor, Event, new_event_id
-from gpuaas.contracts.enums import AllocationStatus, InstanceStatus
+from gpuaas.contracts.enums import InstanceStatus
 from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.contracts.events.app_runtime import (
     AccessGrantState,
@@ -572,18 +569,4 @@ async def cancel_open_operation(
     """Cancel an open operation (its lease, if any, is dropped); `why` is recorded as its error."""
     return await update_operation(
         session, op, OperationStatus.cancelled, actor, message, lease_token=None, lease_expires_at=None, error=why
-    )
-
-
-async def allocation_gone(session: AsyncSession, allocation_id: uuid.UUID) -> bool:
-    """The launch allocation is released or failed (as projected here): a decommission can complete."""
-    status = (
-        await session.execute(select(allocations.c.status).where(allocations.c.allocation_id == allocation_id))
-    ).scalar()
-    return status in (AllocationStatus.released, AllocationStatus.failed)
-
-
-async def load_manifest(session: AsyncSession, manifest_id: uuid.UUID | None) -> ManifestView:
-    return from_row(
-        ManifestView, (await session.execute(select(manifests).where(manifests.c.manifest_id == manifest_id))).one()
     )

@@ -8,23 +8,22 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import domain
-from gpuaas.app_runtime.models import allocations, controller_bindings, entitlements, instances, manifests
+from gpuaas.app_runtime.models import allocations, controller_bindings, entitlements, manifests
 from gpuaas.app_runtime.service import launch
 from gpuaas.app_runtime.service.common import (
     audit_on,
     authorized_instance,
-    emit_instance,
     insert_operation,
-    load_manifest,
     timeline,
     update_instance,
 )
 from gpuaas.app_runtime.service.credentials import insert_credential
+from gpuaas.app_runtime.service.instance_records import create_instance, load_manifest
 from gpuaas.app_runtime.service.views import (
     ControllerBindingView,
     InstanceView,
@@ -34,8 +33,7 @@ from gpuaas.app_runtime.service.views import (
 )
 from gpuaas.contracts import new_event_id
 from gpuaas.contracts.enums import InstanceStatus
-from gpuaas.contracts.events import app_runtime as app_runtime_events
-from gpuaas.contracts.events.app_runtime import InstanceHealth, OperationKind, PlacementIntent
+from gpuaas.contracts.events.app_runtime import OperationKind, PlacementIntent
 from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Unprocessable
@@ -189,30 +187,18 @@ async def deploy(
     )
     domain.validate_config(manifest.state.get("inputs") or {"type": "object"}, config)
     actor = principal.actor
-    row = (
-        await session.execute(
-            insert(instances)
-            .values(
-                instance_id=new_event_id(),
-                tenant_id=tenant_id,
-                project_id=project_id,
-                name=name,
-                app_slug=manifest.slug,
-                app_version=manifest.app_version,
-                manifest_id=manifest.manifest_id,
-                artifact_digest=manifest.digest,
-                status=InstanceStatus.created,
-                placement_intent=placement.model_dump(mode="json"),
-                config=config,
-                runtime_detail={},
-                health=InstanceHealth().model_dump(mode="json"),
-                version=1,
-            )
-            .returning(*instances.c)
-        )
-    ).one()
-    inst = from_row(InstanceView, row)
-    await emit_instance(session, inst, app_runtime_events.InstanceCreated, actor)
+    inst = await create_instance(
+        session,
+        instance_id=new_event_id(),
+        tenant_id=tenant_id,
+        project_id=project_id,
+        name=name,
+        manifest=manifest,
+        placement_intent=placement.model_dump(mode="json"),
+        config=config,
+        runtime_detail={},
+        actor=actor,
+    )
     await timeline(
         session, inst.instance_id, "instance.created", f"deployed {manifest.slug} {manifest.app_version}", actor
     )

@@ -18,26 +18,23 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import domain
-from gpuaas.app_runtime.models import instances
 from gpuaas.app_runtime.service.common import (
     audit_on,
-    emit_instance,
     load_instance,
     readable_instance,
     set_instance_status,
     timeline,
 )
+from gpuaas.app_runtime.service.instance_records import create_instance
 from gpuaas.app_runtime.service.lifecycle import check_decommission
-from gpuaas.app_runtime.service.views import InstanceView, ManifestView, from_row
+from gpuaas.app_runtime.service.views import InstanceView, ManifestView
 from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.enums import AllocationStatus, InstanceStatus
-from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.contracts.events.allocations import AllocationState, WorkloadSpec
-from gpuaas.contracts.events.app_runtime import InstanceHealth, LaunchRequest, PlacementIntent
+from gpuaas.contracts.events.app_runtime import LaunchRequest, PlacementIntent
 from gpuaas.kit import iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, NotFound, Unprocessable
@@ -136,31 +133,19 @@ async def deploy_launchable(
     domain.validate_config(manifest.state.get("inputs") or {"type": "object"}, config)
     instance_id = new_event_id()
     intent, request = launch_request(manifest, placement, instance_id, principal)
-    row = (
-        await session.execute(
-            insert(instances)
-            .values(
-                instance_id=instance_id,
-                tenant_id=tenant_id,
-                project_id=project_id,
-                name=name,
-                app_slug=manifest.slug,
-                app_version=manifest.app_version,
-                manifest_id=manifest.manifest_id,
-                artifact_digest=manifest.digest,
-                status=InstanceStatus.created,
-                placement_intent=intent.model_dump(mode="json"),
-                config=config,
-                runtime_detail={"launch": request.model_dump(mode="json"), "workload": workload_view(request, None)},
-                health=InstanceHealth().model_dump(mode="json"),
-                version=1,
-            )
-            .returning(*instances.c)
-        )
-    ).one()
-    inst = from_row(InstanceView, row)
     actor = principal.actor
-    await emit_instance(session, inst, app_runtime_events.InstanceCreated, actor)
+    inst = await create_instance(
+        session,
+        instance_id=instance_id,
+        tenant_id=tenant_id,
+        project_id=project_id,
+        name=name,
+        manifest=manifest,
+        placement_intent=intent.model_dump(mode="json"),
+        config=config,
+        runtime_detail={"launch": request.model_dump(mode="json"), "workload": workload_view(request, None)},
+        actor=actor,
+    )
     await timeline(
         session,
         inst.instance_id,
@@ -197,6 +182,13 @@ async def allocation_changed(session: AsyncSession, state: AllocationState, acto
     detail = {**inst.runtime_detail, "workload": workload_view(launch, endpoint), "endpoint": endpoint}
     status = InstanceStatus(inst.status)
     decommissioning = status is InstanceStatus.decommissioning
+    live = status in (InstanceStatus.created, InstanceStatus.starting, InstanceStatus.running)
+
+    async def fail(message: str, reason: str) -> None:
+        await set_instance_status(
+            session, inst, InstanceStatus.failed, actor, message, runtime_detail=detail, failure_reason=reason
+        )
+
     if state.status == AllocationStatus.provisioning and status is InstanceStatus.created:
         await set_instance_status(
             session, inst, InstanceStatus.starting, actor, "allocation provisioning", runtime_detail=detail
@@ -216,37 +208,14 @@ async def allocation_changed(session: AsyncSession, state: AllocationState, acto
                     "checked_at": state.status_changed_at.isoformat(),
                 },
             )
-    elif state.status == AllocationStatus.failed and status in (
-        InstanceStatus.created,
-        InstanceStatus.starting,
-        InstanceStatus.running,
-    ):
-        await set_instance_status(
-            session,
-            inst,
-            InstanceStatus.failed,
-            actor,
-            f"allocation failed: {state.failure_reason or 'no reason given'}",
-            runtime_detail=detail,
-            failure_reason=state.failure_reason or "the app's allocation failed",
-        )
+    elif state.status == AllocationStatus.failed and live:
+        reason = state.failure_reason or "the app's allocation failed"
+        await fail(f"allocation failed: {state.failure_reason or 'no reason given'}", reason)
     elif state.status in (AllocationStatus.releasing, AllocationStatus.released, AllocationStatus.failed):
         if decommissioning and state.status != AllocationStatus.releasing:
             await check_decommission(session, inst.instance_id, actor)
-        elif not decommissioning and status in (
-            InstanceStatus.created,
-            InstanceStatus.starting,
-            InstanceStatus.running,
-        ):
-            await set_instance_status(
-                session,
-                inst,
-                InstanceStatus.failed,
-                actor,
-                "the app's allocation was released",
-                runtime_detail=detail,
-                failure_reason="the app's allocation was released",
-            )
+        elif not decommissioning and live:
+            await fail("the app's allocation was released", "the app's allocation was released")
 
 
 # ------------------------------------------------------------------------------ the gateway's look-up

@@ -14,7 +14,6 @@ from gpuaas.app_runtime import domain
 from gpuaas.app_runtime.models import operations
 from gpuaas.app_runtime.service.common import (
     OPEN_STATUSES,
-    allocation_gone,
     audit_on,
     authorized_instance,
     cancel_open_operation,
@@ -22,7 +21,6 @@ from gpuaas.app_runtime.service.common import (
     insert_operation,
     live_members,
     load_instance,
-    load_manifest,
     load_member,
     now,
     open_operations,
@@ -34,6 +32,7 @@ from gpuaas.app_runtime.service.common import (
     update_member,
 )
 from gpuaas.app_runtime.service.credentials import revoke_credentials
+from gpuaas.app_runtime.service.instance_records import allocation_gone, load_manifest
 from gpuaas.app_runtime.service.views import InstanceView, MemberView, OperationView, from_row
 from gpuaas.contracts import Actor
 from gpuaas.contracts.enums import InstanceStatus

@@ -32,7 +32,6 @@ from gpuaas.app_runtime.service.common import (
     insert_operation,
     live_members,
     load_instance,
-    load_manifest,
     load_member,
     load_operation,
     now,
@@ -45,6 +44,7 @@ from gpuaas.app_runtime.service.common import (
 )
 from gpuaas.app_runtime.service.credentials import sync_grant
 from gpuaas.app_runtime.service.deploy import allocation_views, compatibility_of
+from gpuaas.app_runtime.service.instance_records import load_manifest
 from gpuaas.app_runtime.service.lifecycle import check_decommission, check_stopped
 from gpuaas.app_runtime.service.release import check_release
 from gpuaas.app_runtime.service.views import ClaimView, OperationView, from_row

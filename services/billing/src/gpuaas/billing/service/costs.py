@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from decimal import Decimal
 
 from sqlalchemy import func, select
@@ -17,6 +18,25 @@ from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Unprocessable
 
 
+async def cost_scope(
+    session: AsyncSession,
+    principal: Principal,
+    *,
+    tenant_id: uuid.UUID | None,
+    project_id: uuid.UUID | None,
+    period: str | None,
+) -> tuple[uuid.UUID, datetime]:
+    """The scope rules of every cost view: a tenant or a project (`billing.read` there), the project's tenant
+    when asked by project, and the period's start (default the current period)."""
+    if tenant_id is None and project_id is None:
+        raise Unprocessable("give tenant_id or project_id", code="scope_required")
+    start = parse_period(period)
+    await iam.authorize(session, principal, "billing.read", tenant_id=tenant_id, project_id=project_id)
+    if tenant_id is None:  # asked by project (authorized above, so it exists and has a tenant)
+        tenant_id = await iam.project_tenant(session, project_id)  # type: ignore[arg-type]
+    return tenant_id, start
+
+
 async def costs(
     session: AsyncSession,
     principal: Principal,
@@ -27,12 +47,7 @@ async def costs(
 ) -> Costs:
     """Combined cost (GPU time + app usage) of a tenant for a period, split per project, with totals
     per currency. Tenant admins ask by tenant; project admins by project (theirs only)."""
-    if tenant_id is None and project_id is None:
-        raise Unprocessable("give tenant_id or project_id", code="scope_required")
-    start = parse_period(period)
-    await iam.authorize(session, principal, "billing.read", tenant_id=tenant_id, project_id=project_id)
-    if tenant_id is None:  # asked by project (authorized above, so it exists and has a tenant)
-        tenant_id = await iam.project_tenant(session, project_id)  # type: ignore[arg-type]
+    tenant_id, start = await cost_scope(session, principal, tenant_id=tenant_id, project_id=project_id, period=period)
     q = (
         select(spend.c.project_id, spend.c.currency, func.sum(spend.c.gpu_amount), func.sum(spend.c.app_amount))
         .where(spend.c.tenant_id == tenant_id, spend.c.period_start == start)

@@ -15,10 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.billing import domain
 from gpuaas.billing.models import budgets, charges
-from gpuaas.billing.service.periods import parse_period
-from gpuaas.kit import iam
+from gpuaas.billing.service.costs import cost_scope
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import Unprocessable
 
 
 class DaySpend(BaseModel):
@@ -57,12 +55,7 @@ async def daily_costs(
     period: str | None,
 ) -> DailyCosts:
     """Spend per UTC day of one period (default the current one); same scope rules as `costs`."""
-    if tenant_id is None and project_id is None:
-        raise Unprocessable("give tenant_id or project_id", code="scope_required")
-    start = parse_period(period)
-    await iam.authorize(session, principal, "billing.read", tenant_id=tenant_id, project_id=project_id)
-    if tenant_id is None:
-        tenant_id = await iam.project_tenant(session, project_id)  # type: ignore[arg-type]
+    tenant_id, start = await cost_scope(session, principal, tenant_id=tenant_id, project_id=project_id, period=period)
     day = cast(func.timezone("UTC", charges.c.usage_start), Date).label("day")
     gpu = func.sum(case((charges.c.usage_kind == "gpu", charges.c.amount), else_=0))
     app = func.sum(case((charges.c.usage_kind == "gpu", 0), else_=charges.c.amount))
@@ -91,7 +84,7 @@ async def daily_costs(
         for r in (await session.execute(b)).all()
     ]
     return DailyCosts(
-        tenant_id=tenant_id,  # type: ignore[arg-type]
+        tenant_id=tenant_id,
         project_id=project_id,
         period_start=start,
         period_end=domain.next_month(start),
