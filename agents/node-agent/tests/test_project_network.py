@@ -13,9 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_harness import Host, agent_settings, containers_of, needs_podman, podman, start_host, stop_host
+from agent_harness import (
+    CONTAINERS_CONF,
+    Host,
+    agent_settings,
+    containers_of,
+    needs_podman,
+    podman,
+    start_host,
+    stop_host,
+)
 
-from gpuaas.node_agent.project_network import network_name
+from gpuaas.node_agent.podman import Podman
+from gpuaas.node_agent.project_network import ProjectNetworks, network_name
 
 pytestmark = needs_podman
 PORT = 18080  # what the allocations listen on (inside their own network namespaces)
@@ -38,7 +48,11 @@ def networks() -> set[str]:
 
 
 def host_blocks() -> str:
-    return subprocess.run(["iptables", "-w", "-S", "INPUT"], capture_output=True, text=True, check=False).stdout
+    return iptables("-S", "INPUT")
+
+
+def iptables(*args: str, check: bool = False) -> str:
+    return subprocess.run(["iptables", "-w", *args], capture_output=True, text=True, check=check).stdout
 
 
 @pytest.fixture
@@ -115,3 +129,26 @@ async def test_payload_without_project_keeps_the_user_mode_network(
     info = podman("container", "inspect", f"gpuaas-{p['allocation_id']}", "--format", "{{.HostConfig.NetworkMode}}")
     assert info.strip() == "slirp4netns"
     await container_host.task("release", p)
+
+
+async def test_prune_drops_host_blocks_whose_network_is_gone() -> None:
+    """A killed agent (or an operator's `podman network rm`) leaves its REJECT rule behind, matched by an
+    interface name podman will give the next network; prune deletes it and keeps a live network's rule."""
+    nets = ProjectNetworks(Podman(containers_conf=str(CONTAINERS_CONF)))
+    live = network_name(str(uuid.uuid4()))
+    assert live
+    orphan = ["INPUT", "-i", "gpuaas-gone0", "-m", "comment", "--comment", "gpuaas-host-block-0rphan000000", "-j"]
+    iptables("-I", *orphan, "REJECT", check=True)
+    try:
+        async with nets.locked(live):
+            await nets.ensure(live)
+        assert "gpuaas-host-block-0rphan000000" in host_blocks()
+        assert await nets.drop_orphan_blocks() >= 1
+        blocks = host_blocks()
+        assert "gpuaas-host-block-0rphan000000" not in blocks
+        assert f"gpuaas-host-block-{live[9:21]}" in blocks  # the live network keeps its block
+    finally:
+        iptables("-D", *orphan, "REJECT")
+        async with nets.locked(live):
+            await nets.remove_if_unused(live)
+    assert f"gpuaas-host-block-{live[9:21]}" not in host_blocks() and live not in networks()

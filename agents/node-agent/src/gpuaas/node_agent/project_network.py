@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -125,14 +126,44 @@ class ProjectNetworks:
 
     async def prune(self) -> list[str]:
         """On agent start: remove project networks nothing is attached to (a crash between the last
-        container's removal and the network's)."""
+        container's removal and the network's), then the host blocks no project network owns."""
         _, out, _ = await self.podman.run("network", "ls", "--filter", f"label={LABEL}=1", "--format", "{{.Name}}")
         removed = []
         for name in out.split():
             async with self.locked(name):
                 if await self.remove_if_unused(name):
                     removed.append(name)
+        await self.drop_orphan_blocks()
         return removed
+
+    async def drop_orphan_blocks(self) -> int:
+        """Delete host-block rules whose network is gone (removed by hand, or by a killed agent between
+        `network rm` and the rule's deletion). The rules match by interface name, which podman hands to
+        the next network it creates: an orphan would cut that network (a compose deployment's DNS on its
+        gateway, say) off from the host."""
+        if not self.iptables:
+            return 0
+        _, out, _ = await self.podman.run("network", "ls", "--filter", f"label={LABEL}=1", "--format", "{{.Name}}")
+        owned = set()
+        for name in out.split():
+            info = await self._inspect(name) or {}
+            owned.add((str(info.get("network_interface")), _comment(name)))
+        proc = await asyncio.create_subprocess_exec(
+            self.iptables, "-w", "-S", "INPUT", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        )
+        listing, _ = await proc.communicate()
+        dropped = 0
+        for line in listing.decode().splitlines():
+            spec = shlex.split(line)
+            if spec[:2] != ["-A", "INPUT"] or "--comment" not in spec or "-i" not in spec:
+                continue
+            comment, iface = spec[spec.index("--comment") + 1], spec[spec.index("-i") + 1]
+            orphaned = comment.startswith("gpuaas-host-block-") and (iface, comment) not in owned
+            if orphaned and await _run(self.iptables, "-w", "-D", *spec[1:]) == 0:
+                dropped += 1
+        if dropped:
+            log.info("dropped %d host-block rule(s) of project networks that no longer exist", dropped)
+        return dropped
 
     async def address(self, container: str, name: str) -> str | None:
         info = await self.podman.inspect(container) or {}
