@@ -190,6 +190,8 @@ async def test_charts_show_the_metered_run(stack: Stack, gw: httpx.AsyncClient, 
         assert int(shown_cap["usedNow"]) == cap["used_gpus"] == 1 and int(shown_cap["totalNow"]) == 4
         used_series = shown_cap["values"]["series"]["Used"]
         assert used_series[-1] == 1 and max(used_series) >= 1
+        peak_series = shown_cap["values"]["series"]["Peak used"]
+        assert all(p >= u for p, u in zip(peak_series, used_series, strict=True)) and peak_series[-1] >= 1
         occupied = {
             (row["host"], g["index"]): g["allocation"]
             for row in result["occupancy"]

@@ -33,7 +33,8 @@ async def test_capacity_per_class_and_occupancy(world: World) -> None:
     assert (classes["infer"]["total_gpus"], classes["infer"]["used_gpus"]) == (2, 1)
     # The series: 5 instants, the last one now (matching the assignments), none before the hosts existed.
     train = classes["train"]["points"]
-    assert len(train) == 5 and train[-1] == {**train[-1], "total": 8, "used": 5, "free": 3}
+    assert len(train) == 5 and train[-1] == {**train[-1], "total": 8, "used": 5, "free": 3, "peak_used": 5}
+    assert all(p["peak_used"] >= p["used"] and p["mean_used"] <= p["peak_used"] for p in train)
     assert train[0]["total"] == 0 and train[0]["used"] == 0
     # Occupancy: exactly the GPUs the placements returned, each with its allocation.
     held = {(h["name"], g["index"]): g["allocation_id"] for h in body["hosts"] for g in h["gpus"] if g["allocation_id"]}
@@ -49,3 +50,28 @@ async def test_capacity_per_class_and_occupancy(world: World) -> None:
             assert (await c.get("/capacity")).status_code == 403, who
     async with w.client("op") as c:
         assert (await c.get("/capacity", params={"points": 1})).status_code == 422
+
+
+async def test_an_allocation_between_two_instants_shows_in_peak_and_mean(world: World) -> None:
+    """Placed and released between the two instants of the series: used at neither, but the interval that ends
+    at the last instant carries its peak and its mean."""
+    w = world
+    async with w.client("op") as c:
+        r = await c.post("/hosts", json={"name": "burst-1", "host_class": "burst"})
+        assert r.status_code == 201, r.text
+    await w.start_agent(r.json()["node_token"], "burst-1", "4xH100-80GB")
+    r = await w.create("owner", gpu_count=3, host_class="burst", name="burst-3")
+    assert r.status_code == 201, r.text
+    aid = r.json()["allocation_id"]
+    await w.wait_status("owner", aid, "active")
+    async with w.client("owner") as c:
+        assert (await c.post(f"/allocations/{aid}/release")).status_code in (200, 202)
+    await w.wait_status("owner", aid, "released")
+
+    async with w.client("op") as c:
+        r = await c.get("/capacity", params={"hours": 1, "points": 2})
+    assert r.status_code == 200, r.text
+    first, last = next(k for k in r.json()["classes"] if k["host_class"] == "burst")["points"]
+    assert (first["used"], last["used"], last["total"]) == (0, 0, 4)
+    assert last["peak_used"] == 3 and 0 < last["mean_used"] < 3
+    assert first["peak_used"] == 0 and first["mean_used"] == 0

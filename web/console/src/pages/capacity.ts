@@ -1,4 +1,4 @@
-// Operators: capacity per host class over time (used and free GPUs) and which allocation holds each GPU
+// Operators: capacity per host class over time (used and free GPUs, and the peak between instants) and which allocation holds each GPU
 // of each host now (allocations' /capacity). Colours tell tenants apart in the occupancy grid.
 import { get } from "../api";
 import { chart, PALETTE } from "../charts";
@@ -29,6 +29,8 @@ export async function capacityPage(main: HTMLElement): Promise<Cleanup> {
       series: [
         { label: "Used", values: (c.points as Obj[]).map((p) => p.used), stack: "gpus", color: "#2563eb" },
         { label: "Free", values: (c.points as Obj[]).map((p) => p.free), stack: "gpus", color: "#a7f3d0" },
+        // The most used at once since the previous instant: an allocation between two bars shows here.
+        { label: "Peak used", values: (c.points as Obj[]).map((p) => p.peak_used), kind: "line", stack: "peak", color: "#1e3a8a", dashed: true },
       ],
       unit: "GPUs",
       stacked: true,

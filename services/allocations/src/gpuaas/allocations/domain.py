@@ -210,3 +210,36 @@ def allocation_limits(
 def tenancy_allows(*, isolates_tenants: bool, shared_tenancy_allowed: bool, other_tenants_present: bool) -> bool:
     """A host that does not isolate tenants takes one tenant at a time, unless an operator allowed sharing."""
     return isolates_tenants or shared_tenancy_allowed or not other_tenants_present
+
+
+@dataclass(frozen=True)
+class Holding:
+    """GPUs held from `start` until `end` (None: still held), in seconds on any common clock."""
+
+    gpus: int
+    start: float
+    end: float | None
+
+
+def window_use(holdings: Iterable[Holding], start: float, end: float) -> tuple[int, float]:
+    """The most GPUs held at once in the window (start, end], and the time-weighted mean held over it.
+
+    What a chart sampled at instants misses: an allocation placed and released between two samples
+    shows in neither sample, but in the peak and the mean of the window between them."""
+    span = end - start
+    if span <= 0:
+        raise ValueError("the window must end after it starts")
+    live = [h for h in holdings if h.start <= end and (h.end is None or h.end > start)]
+    gpu_seconds = sum(h.gpus * (min(end, h.end if h.end is not None else end) - max(start, h.start)) for h in live)
+    # Sweep: what is held just after `start`, then each change inside the window (a release before a
+    # placement at the same instant: a GPU handed over is not counted twice).
+    held = sum(h.gpus for h in live if h.start <= start)
+    changes = sorted(
+        [(h.start, 1, h.gpus) for h in live if h.start > start]
+        + [(h.end, 0, -h.gpus) for h in live if h.end is not None and h.end <= end]
+    )
+    peak = held
+    for _, _, delta in changes:
+        held += delta
+        peak = max(peak, held)
+    return peak, gpu_seconds / span

@@ -5,8 +5,11 @@ There is no capacity history table: the series is reconstructed from what the ta
 count from its enrolment (`created_at`) while it is not decommissioned; an allocation holds its GPUs from
 its placement (`requested_at`, placement is part of the create) until it is released (`released_at`; a
 failed allocation that no longer has GPU assignments, until its last status change). Each allocation
-counts with its current GPU count, so a resized one shows at its new size over its whole life. The
-occupancy is exact: it reads `gpu_assignments`, the table that makes double booking impossible.
+counts with its current GPU count, so a resized one shows at its new size over its whole life. Each
+instant also carries the interval that ends there (since the previous instant): the most GPUs used at once
+and the time-weighted mean (`domain.window_use`), so an allocation placed and released between two instants
+still shows. The occupancy is exact: it reads `gpu_assignments`, the table that makes double booking
+impossible.
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ from pydantic import BaseModel
 from sqlalchemy import and_, case, exists, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpuaas.allocations.domain import Holding, window_use
 from gpuaas.allocations.models import allocations, gpu_assignments, hosts
 
 
 class CapacityPoint(BaseModel):
     at: datetime
     total: int
-    used: int
+    used: int  # at this instant
     free: int
+    peak_used: int  # the most used at once in the interval since the previous instant
+    mean_used: float  # the time-weighted mean used over that interval
 
 
 class ClassCapacity(BaseModel):
@@ -82,7 +88,7 @@ async def capacity(session: AsyncSession, *, hours: int, points: int, now: datet
             select(allocations.c.host_id, allocations.c.gpu_count, allocations.c.requested_at, ends).where(
                 allocations.c.host_id.is_not(None),
                 allocations.c.requested_at <= until,
-                (allocations.c.released_at.is_(None)) | (allocations.c.released_at > since),
+                (allocations.c.released_at.is_(None)) | (allocations.c.released_at > since - step),
             )
         )
     ).all()
@@ -109,15 +115,21 @@ async def capacity(session: AsyncSession, *, hours: int, points: int, now: datet
     classes = []
     for name, members in sorted(by_class.items(), key=lambda kv: kv[0] or ""):
         series = []
+        holdings = [
+            Holding(a.gpu_count, a.requested_at.timestamp(), a.ends.timestamp() if a.ends else None)
+            for a in alloc_rows
+            if class_of.get(a.host_id, "\0") == name
+        ]
         for t in instants:
             total = sum(len(h.gpus or []) for h in members if h.created_at <= t)
-            used = sum(
-                a.gpu_count
-                for a in alloc_rows
-                if class_of.get(a.host_id, "\0") == name and a.requested_at <= t and (a.ends is None or a.ends > t)
+            at = t.timestamp()
+            used = min(total, sum(h.gpus for h in holdings if h.start <= at and (h.end is None or h.end > at)))
+            peak, mean = window_use(holdings, at - step.total_seconds(), at)
+            # Clamped like `used`: a resized allocation counts at its current size over its whole life.
+            peak, mean = min(peak, total), min(mean, total)
+            series.append(
+                CapacityPoint(at=t, total=total, used=used, free=total - used, peak_used=peak, mean_used=mean)
             )
-            used = min(used, total)
-            series.append(CapacityPoint(at=t, total=total, used=used, free=total - used))
         member_ids = {h.host_id for h in members}
         classes.append(
             ClassCapacity(
