@@ -165,9 +165,12 @@ async def test_jupyterlab_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
                 "INSTANCE_ID": iid,
                 "ACCESS_TOKEN": ada["Authorization"].split()[1],
                 "SCREENSHOT_DIR": str(stack.root / "jupyter-screenshots"),
+                "USER_EMAIL": team.admin_email,
+                "USER_PASSWORD": PASSWORD,
             },
         )
         assert result["output"] == "570", result
+        assert result["reopened"] is True, result  # an expired app session came back through the console
         assert await _audited(stack, iid) > audited  # the browser's open and its kernel WebSocket
 
         # A member's open kernel session is closed when the membership is revoked.

@@ -5,7 +5,7 @@ import { type Context, loadContext, resetContext, selectProject } from "./contex
 import { clear, h } from "./dom";
 import { type Cleanup, go, setRenderer } from "./nav";
 import { allocationDetail, allocationList, allocationNew } from "./pages/allocations";
-import { appCatalog, deployWizard, instanceDetail, instanceList } from "./pages/apps";
+import { appCatalog, deployWizard, instanceDetail, instanceList, reopenApp } from "./pages/apps";
 import { billing } from "./pages/billing";
 import { completeSsoReturn, loginPage } from "./pages/login";
 import { auditLog, deadLetters, entitlements, hosts, artifacts } from "./pages/operator";
@@ -24,6 +24,7 @@ const routes: Array<[RegExp, Page, string]> = [
   [/^\/apps\/([\w.-]+)\/deploy$/, deployWizard, "Deploy"],
   [/^\/instances$/, instanceList, "App instances"],
   [/^\/instances\/([\w-]+)$/, instanceDetail, "App instance"],
+  [/^\/instances\/([\w-]+)\/reopen(?:\?.*)?$/, reopenApp, "Reopening app"],
   [/^\/billing$/, billing, "Billing"],
   [/^\/admin\/hosts$/, hosts, "Hosts"],
   [/^\/admin\/capacity(?:\?.*)?$/, (main) => import("./pages/capacity").then((m) => m.capacityPage(main)), "Capacity"],

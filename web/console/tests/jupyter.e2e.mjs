@@ -4,6 +4,10 @@
 //
 //   GATEWAY_URL, INSTANCE_ID, ACCESS_TOKEN, SCREENSHOT_DIR, CHROMIUM  node tests/jupyter.e2e.mjs
 //
+// With USER_EMAIL and USER_PASSWORD (the same user): the app cookie is then replaced by an expired one, as the
+// token's 15 minutes leave it; loading the app goes through the console's sign-in and back to the same page,
+// and once the console is signed in, straight back.
+//
 // Prints one JSON line {ok, steps, screenshots, consoleErrors, output, runAttempts, jupyterConsole, ...}.
 // JupyterLab's own console messages (e.g. its extension manager's) are reported in `jupyterConsole`, not
 // failed on; any request the gateway refuses fails the run.
@@ -14,6 +18,8 @@ const INSTANCE = env("INSTANCE_ID");
 const TOKEN = env("ACCESS_TOKEN");
 const CELL = env("CELL", "sum(i * i for i in range(10)) * 2");
 const EXPECT = env("EXPECT", "570");
+const USER_EMAIL = env("USER_EMAIL", "");
+const USER_PASSWORD = env("USER_PASSWORD", "");
 
 const b = await openBrowser();
 const { page, step, shot } = b;
@@ -82,5 +88,44 @@ await b.run(result, async () => {
     result.output = (await out.textContent()).trim();
     await shot("jupyterlab-cell-output");
   });
+  if (USER_EMAIL) {
+    const appCookie = async () =>
+      (await page.context().cookies(`${BASE}/apps/${INSTANCE}/`)).find((c) => c.name === "gpuaas_app_session");
+    const expire = async () => {
+      await page.goto("about:blank"); // JupyterLab's own polling would meet the expired cookie first
+      const { hostname } = new URL(BASE);
+      const stale = { name: "gpuaas_app_session", value: "expired", domain: hostname, path: `/apps/${INSTANCE}/` };
+      await page.context().addCookies([{ ...stale, httpOnly: true, sameSite: "Strict" }]);
+    };
+    const backInLab = async () => {
+      // (JupyterLab may rewrite its own URL once loaded; the token must be gone from it either way)
+      await page.waitForURL((u) => u.pathname.startsWith(`/apps/${INSTANCE}/lab`) && !u.search.includes("access_token"), {
+        timeout: b.timeout,
+      });
+      await page.locator("#jp-main-dock-panel").waitFor();
+      const cookie = await appCookie();
+      if (!cookie || cookie.value === "expired") throw new Error("no fresh app cookie after the reopen");
+    };
+    await step("an expired app session goes through the console sign-in and back", async () => {
+      b.expected = [/./];
+      await expire();
+      await page.goto(`${BASE}/apps/${INSTANCE}/lab?from=reopen`);
+      await page.getByRole("heading", { level: 1, name: "Sign in to GPUaaS" }).waitFor();
+      if (!page.url().includes(`#/instances/${INSTANCE}/reopen?`)) throw new Error(`not the reopen route: ${page.url()}`);
+      await page.getByRole("tab", { name: "Personal account" }).click();
+      await page.getByLabel("Email", { exact: true }).fill(USER_EMAIL);
+      await page.getByLabel("Password").fill(USER_PASSWORD);
+      await page.getByRole("button", { name: "Sign in" }).click();
+      await backInLab();
+      await shot("jupyterlab-reopened-after-sign-in");
+    });
+    await step("with the console signed in, straight back", async () => {
+      b.expected = [/./];
+      await expire();
+      await page.goto(`${BASE}/apps/${INSTANCE}/lab?from=reopen`);
+      await backInLab();
+      result.reopened = true;
+    });
+  }
   if (result.refused.length) throw new Error(`the gateway refused requests: ${result.refused.join(", ")}`);
 });

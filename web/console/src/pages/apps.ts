@@ -498,3 +498,16 @@ export async function instanceDetail(main: HTMLElement, [id]: string[], ctx: Con
     window.clearTimeout(pending);
   };
 }
+
+/** `#/instances/{id}/reopen?path=/apps/{id}/...`: where the gateway sends an app page whose admission cookie
+ * expired. A fresh token from this console session (refreshed if need be), then back to that page, which
+ * trades it for a new cookie. Only ever back into this app: a path outside `/apps/{id}/` (or another origin)
+ * opens the app's start page instead (no open redirect). */
+export async function reopenApp(main: HTMLElement, [id]: string[]): Promise<void> {
+  const base = `/apps/${id}/`;
+  const wanted = new URL(new URLSearchParams(location.hash.split("?")[1] ?? "").get("path") ?? base, location.origin);
+  const target = wanted.origin === location.origin && wanted.pathname.startsWith(base) ? wanted : new URL(base, location.origin);
+  main.append(h("h1", null, "Reopening the app"), h("p", { role: "status" }, "Your app session ended; signing you back in…"));
+  target.searchParams.set("access_token", await token());
+  location.replace(target.pathname + target.search);
+}

@@ -218,7 +218,9 @@ function passwordForm(panel: HTMLElement, presetEmail: string, intro: string | n
         submit.disabled = true;
         try {
           await login(email.value, password.value);
-          go("/allocations");
+          // Back to an app whose session ended (the gateway sent the browser here), else the start page.
+          const pending = location.hash.replace(/^#/, "");
+          go(/^\/instances\/[\w-]+\/reopen\?/.test(pending) ? pending : "/allocations");
         } catch (ex) {
           const msg =
             ex instanceof ApiError && ex.status === 401

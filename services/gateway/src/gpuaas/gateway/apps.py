@@ -2,7 +2,10 @@
 
 Admission is the platform's own sign-in, never the app's: a bearer token (CLI), or the console's access
 token given once as `?access_token=` — then kept in an HttpOnly, SameSite=Strict cookie scoped to this
-instance's path (lifetime: the token's) and the browser is sent on without it (303). For every request
+instance's path (lifetime: the token's) and the browser is sent on without it (303). When that cookie has
+expired (or is missing), a page navigation is sent to the console's `#/instances/{id}/reopen?path=...`, which
+signs in again with the console session (refreshing its token) and comes back here with a fresh token; any
+other request gets the 401 (JupyterLab's own calls: its next page load recovers). For every request
 the gateway asks app-runtime, WITH THE CALLER'S TOKEN, where this instance's workload may be reached for
 this caller (`GET /instances/{id}/workload`: 404 outside the project, 403 without `apps.instance.open`,
 409 while not running; answers cached `APPS_LOOKUP_TTL_S` per token and instance). The answer names the
@@ -226,6 +229,8 @@ async def app_http(instance_id: str, rest: str, request: Request) -> Response:
         admission = await _admit(rt, request.headers, request.query_params, request.cookies)
         up = await _upstream(rt, admission, iid, audit=admission.from_query)
     except Problem as exc:
+        if exc.status == 401 and _navigation(request) and "access_token" not in request.query_params:
+            return _reopen_through_console(instance_id, rest, request.url.query)
         return render_problem(exc, path)
     if admission.from_query:  # keep the token in a cookie for this app's path only, and drop it from the URL
         query = _query_without_token(request.url.query)
@@ -261,6 +266,24 @@ async def app_http(instance_id: str, rest: str, request: Request) -> Response:
     )
     response = _Relay(resp)
     response.raw_headers = downstream_response_headers(resp.headers.raw)
+    return response
+
+
+def _navigation(request: Request) -> bool:
+    """A browser loading a page (not a script's call, which cannot follow a sign-in round trip)."""
+    if request.method != "GET":
+        return False
+    mode = request.headers.get("sec-fetch-mode")
+    return mode == "navigate" if mode else "text/html" in request.headers.get("accept", "")
+
+
+def _reopen_through_console(instance_id: str, rest: str, query: str) -> Response:
+    """303 to the console, which gets a fresh token from its own session and comes back to this page. The
+    path goes as a parameter the console checks stays under this app (no open redirect)."""
+    iid = _instance_id(instance_id)
+    back = f"/apps/{iid}/{rest}" + (f"?{query}" if query else "")
+    response = RedirectResponse(f"/#/instances/{iid}/reopen?{urlencode({'path': back})}", status_code=303)
+    response.headers["cache-control"] = "no-store"
     return response
 
 
