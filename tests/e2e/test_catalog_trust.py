@@ -19,7 +19,7 @@ from gpuaas.contracts.enums import InstanceStatus
 from gpuaas.contracts.events import app_runtime as ar
 from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 from gpuaas.devstack.stack import Stack
-from gpuaas.devstack.waiting import eventually
+from gpuaas.devstack.waiting import eventually, until_answered
 from gpuaas.kit.db import create_engine, session_factory
 from gpuaas.kit.outbox import add_event
 
@@ -51,7 +51,9 @@ async def _tenant_user(gw: httpx.AsyncClient, stack: Stack) -> tuple[str, dict[s
         "/api/identity/auth/token", data={"grant_type": "password", "username": email, "password": password}
     )
     assert tok.status_code == 200, tok.text
-    return tenant_id, {"Authorization": f"Bearer {tok.json()['access_token']}"}
+    viewer = {"Authorization": f"Bearer {tok.json()['access_token']}"}
+    await until_answered(gw, f"{API}/apps", params={"tenant_id": tenant_id}, headers=viewer)  # membership in catalog
+    return tenant_id, viewer
 
 
 async def _emit_instance(stack: Stack, event: ar.InstanceCreated) -> None:

@@ -107,8 +107,13 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         assert {(m["tenant_name"], m["project_name"]) for m in me["memberships"]} == {(f"CLI {run}", "cli")}
         _, whoami_table, _ = await cli("whoami")
         assert f"CLI {run}" in whoami_table and " cli " in whoami_table and pid not in whoami_table
-        # --project takes a name (or tenant/name) as well as an id
-        assert (await cli.json("--project", f"CLI {run}/cli", "volumes", "list")) == []
+
+        # --project takes a name (or tenant/name) as well as an id; the project and role reach allocations by event
+        async def volumes_by_name() -> Any:
+            rc, out, _ = await cli("--json", "--project", f"CLI {run}/cli", "volumes", "list", ok=False)
+            return [json.loads(out)] if rc == 0 else None
+
+        assert (await eventually(volumes_by_name, 60, "volumes list by project name", interval_s=0.5)) == [[]]
 
         key = asyncssh.generate_private_key("ssh-ed25519")
         (tmp_path / "id.pub").write_bytes(key.export_public_key())

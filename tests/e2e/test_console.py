@@ -123,7 +123,12 @@ async def enable_app(
 ) -> dict:
     """The seed catalog on a real registry, entitled to the tenant, and an app-controller service account
     of the project bound to the app by the project admin `user` (start it with `start_controller`)."""
-    r = await gw.post("/api/catalog/admin/seed", json={"registry": registry.address, "tenant_ids": [tid]})
+
+    async def seeded() -> httpx.Response | None:  # the new tenant reaches catalog by event
+        r = await gw.post("/api/catalog/admin/seed", json={"registry": registry.address, "tenant_ids": [tid]})
+        return None if r.status_code == 422 and r.json()["code"] == "tenant_unknown" else r
+
+    r = await eventually(seeded, 60, "catalog seeded for the tenant", interval_s=0.5)
     assert r.status_code == 200, r.text
     r = await gw.post("/api/catalog/entitlements", json={"tenant_id": tid, "app_slug": APP})
     assert r.status_code in (201, 409), r.text

@@ -604,7 +604,7 @@ async def test_permission_matrix(gw: httpx.AsyncClient, world: World) -> None:
     mismatches = []
     loop = asyncio.get_running_loop()
     for method, path, row, role, want in cases:
-        deadline = loop.time() + 10  # other services' projections may lag the world's setup by a moment
+        deadline = loop.time() + 30  # other services' projections may lag the world's setup by a moment
         while True:
             got = classify(await call(world, method, path, row, role))
             if got == want or loop.time() > deadline or got not in ("404", "403"):

@@ -25,7 +25,7 @@ from gpuaas.devstack.agents import agent_base_env, write_token_file
 from gpuaas.devstack.infra import stop_process
 from gpuaas.devstack.pytest_plugin import Team, new_team
 from gpuaas.devstack.stack import Stack
-from gpuaas.devstack.waiting import eventually
+from gpuaas.devstack.waiting import eventually, until_answered
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERS_CONF = ROOT / "deploy" / "local" / "containers.conf"
@@ -230,6 +230,7 @@ async def tenant(stack: Stack, gw: httpx.AsyncClient, prefix: str) -> Tenant:
     key = asyncssh.generate_private_key("ssh-ed25519")
     r = await client.post(f"{A}/ssh-keys", json={"name": "laptop", "public_key": key.export_public_key().decode()})
     assert r.status_code == 201, r.text
+    await until_answered(client, f"{A}/projects/{team.project_id}/allocations")  # project and role reached allocations
     return Tenant(team, client, key)
 
 

@@ -46,7 +46,12 @@ async def publish_runtime(gw: httpx.AsyncClient, registry: LocalRegistry, tenant
         assert r.status_code == 200, r.text
     for to in ("staged", "canary", "active"):
         body = {"to": to, "reason": "isolation test", "canary_tenants": [tenant_id]}
-        r = await gw.post(f"{C}/artifacts/{artifact_id}/transitions", json=body)
+
+        async def moved(body: dict[str, Any] = body) -> httpx.Response | None:  # the tenant reaches catalog by event
+            r = await gw.post(f"{C}/artifacts/{artifact_id}/transitions", json=body)
+            return None if r.status_code == 422 and r.json()["code"] == "tenant_unknown" else r
+
+        r = await eventually(moved, 60, f"transition to {to}", interval_s=0.3)
         assert r.status_code == 200, r.text
     manifest = {
         "slug": slug,

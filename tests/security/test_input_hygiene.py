@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from gpuaas.billing.service.periods import parse_period
 from gpuaas.contracts.scalars import BillingPeriod, CurrencyCode, Integer, Name, Text
+from gpuaas.devstack.waiting import until_answered
 from gpuaas.kit.errors import Problem
-from gpuaas.kit.testing import wait_for
 
 ANSI = "\x1b[31mred\x1b[0m"
 BIDI = "invoice\u202egpj.exe"  # displays as "invoiceexe.jpg"
@@ -121,15 +121,9 @@ async def test_a_number_must_be_a_number(gw: httpx.AsyncClient) -> None:
     _refused(r, "int_type", "max_gpus")
     quota = f"/api/allocations/projects/{project_id}/quota"
     # The refusals above come before any lookup; a good body needs the project, which reaches allocations by event.
-    await wait_for(lambda: _known(gw, quota), 30, "the project to reach allocations")
+    await until_answered(gw, quota)
     r = await gw.put(quota, json={"max_gpus": 8})
     assert r.status_code == 200 and r.json()["max_gpus"] == 8, r.text
-
-
-async def _known(gw: httpx.AsyncClient, url: str) -> bool:
-    r = await gw.get(url)
-    assert r.status_code in (200, 404), r.text
-    return r.status_code == 200
 
 
 @pytest.mark.e2e

@@ -134,7 +134,7 @@ async def test_launch_creates_the_allocation_and_records_the_workload_endpoint(
                 return None
             return got if got["status"] == "failed" else None
 
-        got = await wait_for(failed, 20, "refused launch recorded as failed")
+        got = await wait_for(failed, 60, "refused launch recorded as failed")
         assert "launch failed" in got["failure_reason"] and "staged" in got["failure_reason"], got
     finally:
         await agent.aclose()

@@ -2,6 +2,7 @@
 
     host = await eventually(ready, 60, "host ready", interval_s=0.5)
     await until_done(applied_count, lambda n: n == total, stall_s=60, what="every event applied")
+    await until_answered(client, f"/api/allocations/projects/{pid}/quota")  # the project reached allocations
 
 A predicate may be a plain function or a coroutine function; what it returns when truthy is returned.
 """
@@ -69,3 +70,25 @@ async def until_done(
         if latest != value:
             value, changed_at = latest, loop.time()
     return value
+
+
+async def until_answered(
+    client: Any,
+    *urls: str,
+    params: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 60,
+) -> None:
+    """GET each of `urls` with `client` (an httpx.AsyncClient) until every one answers 200: for a change made
+    in one service to reach the projections another service authorizes with (a project, a membership, a
+    tenant arrive there by event). Any answer but 200, 403 or 404 fails at once: that is not lag."""
+
+    async def answered() -> bool:
+        for url in urls:
+            r = await client.get(url, params=params, headers=headers)
+            assert r.status_code in (200, 403, 404), (url, r.status_code, r.text)
+            if r.status_code != 200:
+                return False
+        return True
+
+    await eventually(answered, timeout_s, f"{', '.join(urls)} to answer 200", interval_s=0.2)
