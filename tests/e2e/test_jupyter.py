@@ -4,8 +4,9 @@ gates by the devstack) is deployed from the catalog; the deploy creates its allo
 and the node agent starts JupyterLab in the allocation's container; the instance is `running` only once the
 health check answered. Then, through the gateway's `/apps/{instance_id}/` only:
 
-- a real headless Chromium opens it with the signed-in user's token (no Jupyter token), creates a notebook
-  and runs a cell whose output it reads back (web/console/tests/jupyter.e2e.mjs);
+- a real headless Chromium opens it with the signed-in user's token (no Jupyter token) — sent on to the app's
+  own origin, `<instance>.apps.localhost`, where the console's session is out of the page's reach — creates a
+  notebook and runs a cell whose output it reads back (web/console/tests/jupyter.e2e.mjs);
 - the proxy's access rules: no token 401, a user of another tenant 404, a project viewer 403, the
   workload's own port without the platform's secret refused (403), the secret never reaches the browser;
 - a project member's open kernel WebSocket is closed (4404: the instance is hidden from a non-member) when
@@ -21,12 +22,14 @@ import asyncio
 import json
 import time
 import uuid
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from gpuaas.devstack.config import APPS_DOMAIN
 from gpuaas.devstack.golden_path.actors import start_agent
 from gpuaas.devstack.infra import stop_process
 from gpuaas.devstack.pytest_plugin import new_team, target_of
@@ -130,8 +133,12 @@ async def test_jupyterlab_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
         endpoint = runtime["workload_endpoint"]
 
         async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30, follow_redirects=False) as c:
-            # The access rules of the proxy.
-            assert (await c.get(f"/apps/{iid}/api/status")).status_code == 401
+            # The access rules of the proxy. Without a bearer token a caller is a browser: it goes to the app's
+            # own origin, and there it must sign in.
+            app_host = f"{iid}.{APPS_DOMAIN}:{urlsplit(stack.gateway_url).port}"
+            r = await c.get(f"/apps/{iid}/api/status")
+            assert r.status_code == 307 and r.headers["location"].startswith(f"http://{app_host}/"), r.headers
+            assert (await c.get(f"/apps/{iid}/api/status", headers={"host": app_host})).status_code == 401
             r = await c.get(f"/apps/{iid}/api/status", headers={"Authorization": f"Bearer {eve_token}"})
             assert r.status_code == 404, r.text  # another tenant: the instance's existence stays hidden
             r = await c.get(f"/apps/{iid}/api/status", headers={"Authorization": f"Bearer {carol_token}"})
@@ -149,11 +156,17 @@ async def test_jupyterlab_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
                     headers={"Authorization": f"token {ada['Authorization'].split()[1]}"},
                 )
                 assert r.status_code == 403  # the platform token is not the workload's secret
-            # The page: the token goes into an HttpOnly cookie for this app only, the URL loses it.
-            r = await c.get(f"/apps/{iid}/?access_token={ada['Authorization'].split()[1]}")
+            # The page: a browser goes to the app's own origin (bearer calls above were served where they came),
+            # where the token goes into an HttpOnly cookie for this app only, and the URL loses it.
+            opened = f"/apps/{iid}/?access_token={ada['Authorization'].split()[1]}"
+            r = await c.get(opened)
+            assert r.status_code == 307 and r.headers["location"] == f"http://{app_host}{opened}", r.headers
+            r = await c.get(opened, headers={"host": app_host})
             assert r.status_code == 303 and r.headers["location"] == f"/apps/{iid}/", r.headers
             cookie = r.headers["set-cookie"]
-            assert "HttpOnly" in cookie and f"Path=/apps/{iid}/" in cookie and "SameSite=strict" in cookie, cookie
+            assert "HttpOnly" in cookie and f"Path=/apps/{iid}/" in cookie and "SameSite=lax" in cookie, cookie
+            r = await c.get("/api/identity/me", headers={**ada, "host": app_host})
+            assert r.status_code == 404, r.text  # the app's host serves the app only: no API, no console
         audited = await _audited(stack, iid)
         assert audited >= 1  # the token exchange above
 
@@ -167,9 +180,12 @@ async def test_jupyterlab_through_the_gateway(stack: Stack, gw: httpx.AsyncClien
                 "SCREENSHOT_DIR": str(stack.root / "jupyter-screenshots"),
                 "USER_EMAIL": team.admin_email,
                 "USER_PASSWORD": PASSWORD,
+                "APPS_DOMAIN": APPS_DOMAIN,
             },
         )
         assert result["output"] == "570", result
+        assert result["appOrigin"] == f"http://{app_host}", result  # its own origin, in the browser too
+        assert result["consoleStorageSeenByApp"] == [], result  # the console's session is out of its reach
         assert result["reopened"] is True, result  # an expired app session came back through the console
         assert await _audited(stack, iid) > audited  # the browser's open and its kernel WebSocket
 

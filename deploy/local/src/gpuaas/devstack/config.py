@@ -26,6 +26,9 @@ DEFAULT_PORTS: dict[str, int] = {
     "kafka": 9092,
     "registry": 5050,  # the local OCI registry of the runtime images (see runtimes.py)
 }
+# Each launchable app on its own origin, `<instance id>.apps.localhost:<gateway port>` (browsers resolve
+# *.localhost to loopback): gpuaas.gateway.app_origins.
+APPS_DOMAIN = "apps.localhost"
 # Ports of infrastructure, not of services (service_url refuses them).
 INFRA_PORTS = ("postgres", "kafka", "registry")
 AGENT_DRIVERS = ("container", "process")

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from gpuaas.devstack.agents import LocalAgents, agent_base_env, write_token_file
 from gpuaas.devstack.config import (
+    APPS_DOMAIN,
     DEFAULT_PORTS,
     GATEWAY,
     INFRA_PORTS,
@@ -245,6 +246,8 @@ class Stack:
         }
         if name == GATEWAY:
             env[f"{prefix}UPSTREAMS"] = json.dumps({s: self.service_url(s) for s in self.services})
+            env[f"{prefix}APPS_DOMAIN"] = APPS_DOMAIN
+            env[f"{prefix}PUBLIC_URL"] = self.gateway_url
         else:
             env[f"{prefix}DATABASE_URL"] = self.database_url(name)
             env["GPUAAS_SECRETS_KEYS"] = self.credentials.secrets_keys

@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from gpuaas.gateway import apps, console, ops, proxy, websocket
+from gpuaas.gateway.app_origins import AppOrigins
 from gpuaas.gateway.docs import OpenAPIAggregator
 from gpuaas.gateway.ratelimit import TokenBucketLimiter
 from gpuaas.gateway.runtime import GatewayMetrics, GatewayRuntime
@@ -35,6 +36,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     """The gateway app. `clock` (monotonic seconds) drives the rate limiter's buckets: tests pass a fake one."""
     settings = settings or Settings()
     metrics = GatewayMetrics()
+    app_origins = AppOrigins.of(settings.apps_domain, settings.public_url)  # refuses a bad pair at start
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,6 +88,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
                 version=VERSION,
             ),
             metrics=metrics,
+            app_origins=app_origins,
         )
         log.info("gateway_started", port=settings.port, upstreams=settings.upstreams)
         try:
@@ -104,6 +107,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] =
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(CorrelationMiddleware, metrics=metrics.service)
+    if app_origins is not None:  # an app's host serves that app only (no console, API or other app)
+        app.add_middleware(apps.AppHostGuard, origins=app_origins)
     app.include_router(ops.router)
     app.include_router(proxy.router)
     app.include_router(websocket.router)

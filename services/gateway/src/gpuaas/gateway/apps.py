@@ -1,15 +1,15 @@
 """`/apps/{instance_id}/...`: a launchable app's workload (e.g. JupyterLab) in the browser (issue 21).
 
-Admission is the platform's own sign-in, never the app's: a bearer token (CLI), or the console's access
-token given once as `?access_token=` — then kept in an HttpOnly, SameSite=Strict cookie scoped to this
-instance's path (lifetime: the token's) and the browser is sent on without it (303). When that cookie has
-expired (or is missing), a page navigation is sent to the console's `#/instances/{id}/reopen?path=...`, which
-signs in again with the console session (refreshing its token) and comes back here with a fresh token; any
-other request gets the 401 (JupyterLab's own calls: its next page load recovers). For every request
-the gateway asks app-runtime, WITH THE CALLER'S TOKEN, where this instance's workload may be reached for
-this caller (`GET /instances/{id}/workload`: 404 outside the project, 403 without `apps.instance.open`,
-409 while not running; answers cached `APPS_LOOKUP_TTL_S` per token and instance). The answer names the
-enrolled host's address and the port the node agent published — never anything from the request.
+Admission is the platform's own sign-in, never the app's: a bearer token (CLI), or the console's access token
+given once as `?access_token=` — then kept in an HttpOnly cookie (SameSite=Strict; Lax on the app's own origin,
+below) scoped to this instance's path (lifetime: the token's) and the browser is sent on without it (303). When
+that cookie has expired (or is missing), a page navigation is sent to the console's
+`#/instances/{id}/reopen?path=...`, which signs in again with the console session (refreshing its token) and comes
+back here with a fresh token; any other request gets the 401 (JupyterLab's own calls: its next page load
+recovers). For every request the gateway asks app-runtime, WITH THE CALLER'S TOKEN, where this instance's workload
+may be reached for this caller (`GET /instances/{id}/workload`: 404 outside the project, 403 without
+`apps.instance.open`, 409 while not running; answers cached `APPS_LOOKUP_TTL_S` per token and instance). The
+answer names the enrolled host's address and the port the node agent published — never anything from the request.
 
 Upstream, the caller's platform token and the admission cookie are removed and the workload's per-instance
 secret (`gpuaas.kit.workload_tokens`, HMAC of the instance id) is added in the header the manifest names:
@@ -19,6 +19,10 @@ handles an app token. Opening a page with a token and every WebSocket are audite
 (`gpuaas.kit.revocation`'s re-checks): when that stream ends — membership or role revoked, session revoked,
 token expired, instance stopped — the WebSocket is closed (4401 token, 4403 role, 4404 no longer visible to
 the caller, e.g. a removed member, 4409 not running).
+
+With an apps domain set (app_origins.py), each app is served on its own origin `{id}.<apps domain>`: a browser
+on another host is sent there (307), an app host serves only its own app, and a request from another origin
+(`Origin` header) is refused, so an app's pages cannot use the console's session or another app's cookie.
 """
 
 from __future__ import annotations
@@ -43,11 +47,12 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.typing import Subprotocol
 
+from gpuaas.gateway.app_origins import AppOrigins
 from gpuaas.gateway.edge import HOP_BY_HOP, client_ip, downstream_response_headers, render_problem
 from gpuaas.gateway.runtime import GatewayRuntime, runtime
 from gpuaas.kit import workload_tokens
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import NotFound, Problem, Unauthorized, Unavailable
+from gpuaas.kit.errors import Forbidden, NotFound, Problem, Unauthorized, Unavailable
 from gpuaas.kit.logging import get_logger
 
 log = get_logger(__name__)
@@ -226,11 +231,17 @@ async def app_http(instance_id: str, rest: str, request: Request) -> Response:
     path = request.url.path
     try:
         iid = _instance_id(instance_id)
+        if rt.app_origins is not None:
+            if _bound_for_own_origin(rt.app_origins, request.headers):
+                query = request.url.query
+                target = rt.app_origins.origin_of(iid) + path + (f"?{query}" if query else "")
+                return RedirectResponse(target, status_code=307, headers={"cache-control": "no-store"})
+            _check_origin(rt.app_origins, iid, request.headers)
         admission = await _admit(rt, request.headers, request.query_params, request.cookies)
         up = await _upstream(rt, admission, iid, audit=admission.from_query)
     except Problem as exc:
         if exc.status == 401 and _navigation(request) and "access_token" not in request.query_params:
-            return _reopen_through_console(instance_id, rest, request.url.query)
+            return _reopen_through_console(rt.app_origins, instance_id, rest, request.url.query)
         return render_problem(exc, path)
     if admission.from_query:  # keep the token in a cookie for this app's path only, and drop it from the URL
         query = _query_without_token(request.url.query)
@@ -242,7 +253,9 @@ async def app_http(instance_id: str, rest: str, request: Request) -> Response:
             max_age=max_age,
             path=f"/apps/{iid}/",
             httponly=True,
-            samesite="strict",
+            # On its own origin the app is another site than the console that links to it: Lax lets that
+            # top-level navigation carry the cookie; other sites' requests are refused by their Origin.
+            samesite="strict" if rt.app_origins is None else "lax",
             secure=request.url.scheme == "https",
         )
         return response
@@ -277,12 +290,28 @@ def _navigation(request: Request) -> bool:
     return mode == "navigate" if mode else "text/html" in request.headers.get("accept", "")
 
 
-def _reopen_through_console(instance_id: str, rest: str, query: str) -> Response:
+def _bound_for_own_origin(origins: AppOrigins, headers: Mapping[str, str]) -> bool:
+    """A browser's request for an app on another host (the console's): it goes to the app's own origin.
+    A bearer token (CLI, SDK, scripts) is no ambient credential: such calls are served where they arrive."""
+    bearer = headers.get("authorization", "").lower().startswith("bearer ")
+    return not bearer and not origins.is_app_host(headers.get("host"))
+
+
+def _check_origin(origins: AppOrigins, iid: uuid.UUID, headers: Mapping[str, str]) -> None:
+    """Browsers name the page that made a request in `Origin` (every WebSocket, fetches other than GET):
+    only the app's own pages may call it with the viewer's cookie."""
+    if origins.is_app_host(headers.get("host")) and not origins.same_origin(iid, headers.get("origin")):
+        raise Forbidden("Only the app's own pages may call it.", code="cross_origin_refused")
+
+
+def _reopen_through_console(origins: AppOrigins | None, instance_id: str, rest: str, query: str) -> Response:
     """303 to the console, which gets a fresh token from its own session and comes back to this page. The
-    path goes as a parameter the console checks stays under this app (no open redirect)."""
+    path goes as a parameter the console checks stays under this app (no open redirect); the console comes
+    back through its own origin's /apps/, which sends the browser on to the app's origin."""
     iid = _instance_id(instance_id)
     back = f"/apps/{iid}/{rest}" + (f"?{query}" if query else "")
-    response = RedirectResponse(f"/#/instances/{iid}/reopen?{urlencode({'path': back})}", status_code=303)
+    console = origins.console_url if origins is not None else ""
+    response = RedirectResponse(f"{console}/#/instances/{iid}/reopen?{urlencode({'path': back})}", status_code=303)
     response.headers["cache-control"] = "no-store"
     return response
 
@@ -312,6 +341,10 @@ async def app_websocket(websocket: WebSocket, instance_id: str, rest: str) -> No
     path = websocket.url.path
     try:
         iid = _instance_id(instance_id)
+        if rt.app_origins is not None:
+            if _bound_for_own_origin(rt.app_origins, websocket.headers):
+                raise Forbidden("Open the app on its own origin.", code="app_origin_required")
+            _check_origin(rt.app_origins, iid, websocket.headers)
         admission = await _admit(rt, websocket.headers, websocket.query_params, websocket.cookies)
         up = await _upstream(rt, admission, iid, audit=True)
     except Problem as exc:
@@ -391,3 +424,23 @@ async def _watch(rt: GatewayRuntime, token: str, instance_id: uuid.UUID) -> tupl
         except (httpx.HTTPError, ValueError) as exc:
             log.warning("app_watch_interrupted", instance_id=str(instance_id), error=repr(exc))
         await asyncio.sleep(1.0)  # the stream ended without a verdict (app-runtime restarted): follow again
+
+
+class AppHostGuard:
+    """ASGI middleware (installed with an apps domain): an app's host serves its own /apps/{id}/ only, so
+    its pages can reach no console, API or other app on their origin. Other hosts pass through."""
+
+    def __init__(self, app: Any, origins: AppOrigins) -> None:
+        self.app, self.origins = app, origins
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+            if not self.origins.host_serves(host, scope["path"]):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 4404})
+                    return
+                problem = NotFound("Nothing here: this host serves one app.", code="not_found")
+                await render_problem(problem, scope["path"])(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge
 from starlette.requests import HTTPConnection
 
 from gpuaas.gateway import SERVICE
+from gpuaas.gateway.app_origins import AppOrigins
 from gpuaas.gateway.docs import OpenAPIAggregator
 from gpuaas.gateway.ratelimit import TokenBucketLimiter
 from gpuaas.gateway.settings import Settings
@@ -51,6 +52,7 @@ class GatewayRuntime:
     limiter: TokenBucketLimiter
     docs: OpenAPIAggregator
     metrics: GatewayMetrics
+    app_origins: AppOrigins | None = None  # None: apps on the console's origin
 
 
 def runtime(conn: HTTPConnection) -> GatewayRuntime:

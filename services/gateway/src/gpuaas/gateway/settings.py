@@ -75,6 +75,15 @@ class Settings(ServiceSettings):
     # if built; "": no console (placeholder page).
     console_dir: str | None = None
 
+    # An origin per launchable app (app_origins.py): each app at `<instance id>.<apps_domain>`, with the scheme
+    # and port of `public_url` (the console's URL, e.g. https://gpu.example.com). Needs wildcard DNS (and a
+    # wildcard certificate) for the apps domain; `*.localhost` resolves to loopback in browsers. None: apps
+    # are served on the console's own origin (docs/decisions.md says what that exposes).
+    apps_domain: str | None = None
+    # The console's URL as browsers reach it (scheme://host[:port]); required with apps_domain: app origins take
+    # its scheme and port, and an app's expired session is sent back to its sign-in there.
+    public_url: str | None = None
+
     ws_max_message_bytes: int = 16 * 1024 * 1024
     ws_open_timeout_s: float = 10.0
     # On shutdown, open streams (SSE, WebSocket) get this long before they are cut.
