@@ -33,7 +33,7 @@ SERVICES = ("identity", "allocations", "catalog", "app-runtime", "metering", "bi
 REPLICAS = [f"{s}-{r}" for s in (*SERVICES, "gateway") for r in "ab"]
 INFRA = ("postgres", "kafka-1", "kafka-2", "kafka-3")
 ENROLLED_HOST = "compose-node-1"
-ADMIN_EMAIL = os.environ.get("GPUAAS_DEPLOY_ADMIN_EMAIL", "admin@gpuaas.local")
+ADMIN_EMAIL = os.environ.get("GPUAAS_DEPLOY_ADMIN_EMAIL", "admin@gpuaas.example")
 READY_TIMEOUT_S = float(os.environ.get("GPUAAS_DEPLOY_READY_TIMEOUT_S", "900"))
 
 

@@ -126,7 +126,7 @@ class Deployment:
     @property
     def admin_login(self) -> tuple[str, str]:
         """The operator identity bootstraps (deploy/compose/README.md), as the devstack plugin's `gw` logs in."""
-        return os.environ.get("GPUAAS_DEPLOY_ADMIN_EMAIL", "admin@gpuaas.local"), self._secret("admin-password")
+        return os.environ.get("GPUAAS_DEPLOY_ADMIN_EMAIL", "admin@gpuaas.example"), self._secret("admin-password")
 
     async def _connect(self, service: str) -> asyncpg.Connection:
         return await asyncpg.connect(self.database_url(service), server_settings={"search_path": service})

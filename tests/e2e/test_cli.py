@@ -305,3 +305,18 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         if controller is not None:
             stop_process(controller)
         stop_process(agent)
+
+
+async def test_the_operator_login_make_run_prints_signs_in(stack: Stack, tmp_path: Path) -> None:
+    """Issue 26: the seeded operator (`make run` prints its login) signs in with `gpuaas login` through the real
+    discovery, and an address discovery refuses is an error that names the field and the reason."""
+    email, password = stack.admin_login
+    cli = Cli(stack, tmp_path / "config.json")
+    _, out, _ = await cli("login", "--email", email, "--password", password)
+    assert f"Signed in as {email}" in out, out
+    me = await cli.json("whoami")
+    assert me["email"] == email and any(m["role"] == "platform_admin" for m in me["memberships"]), me
+    rc, _, err = await cli("login", "--email", "someone@corp.local", "--password", "x", ok=False)
+    lines = err.splitlines()
+    assert rc == 1 and lines[0] == "error: The request failed validation. (validation_error, HTTP 422)", err
+    assert lines[1].startswith("  email (query): value is not a valid email address: "), err

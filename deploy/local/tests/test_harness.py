@@ -46,7 +46,7 @@ async def test_operator_tokens_are_refreshed_near_expiry_and_only_ours_are_swapp
         return httpx.Response(200, json={})
 
     transport = httpx.MockTransport(handler)
-    tokens = AdminTokens("http://gw.test", ("admin@gpuaas.local", "pw"), transport=transport)
+    tokens = AdminTokens("http://gw.test", ("admin@gpuaas.example", "pw"), transport=transport)
     first = await tokens.token(min_valid_s=0)
     assert first == "t1" and await tokens.token(min_valid_s=0) == "t1"  # still valid: no new login
     async with httpx.AsyncClient(

@@ -8,6 +8,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from pydantic import EmailStr, TypeAdapter, ValidationError
 
 from gpuaas.devstack.config import DEFAULT_PORTS, SERVICES, StackConfig, StackError
 from gpuaas.devstack.stack import Stack
@@ -76,7 +77,16 @@ def test_secrets_are_generated_once_and_private(tmp_path: Path) -> None:
     assert (b.admin_login, b.service_password("billing"), b.database_url("billing")) == first
     assert a.service_password("billing") != a.service_password("catalog")
     assert stat.S_IMODE((tmp_path / "secrets.json").stat().st_mode) == 0o600
-    assert a.admin_login[0] == "admin@gpuaas.local"
+    assert a.admin_login[0] == "admin@gpuaas.example"
+
+
+def test_the_seeded_operator_passes_the_email_validation_of_login_discovery(tmp_path: Path) -> None:
+    """`gpuaas login` and the console discover the account type first (identity's `GET /auth/discover`, whose
+    `email` is an `EmailStr`): a seeded address on a special-use domain (`.local`, `.test`) is refused there."""
+    email = Stack(StackConfig(root=tmp_path)).admin_login[0]
+    assert TypeAdapter(EmailStr).validate_python(email) == email
+    with pytest.raises(ValidationError, match="special-use or reserved name"):
+        TypeAdapter(EmailStr).validate_python("admin@gpuaas.local")
 
 
 def test_external_servers_from_env(tmp_path: Path) -> None:

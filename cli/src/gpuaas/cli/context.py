@@ -1,7 +1,8 @@
 """What every command shares: the global options (`State`), the signed-in client (refreshing its token once
 it expires), the project a command acts in, and how failures end the process.
 
-A problem answered by the platform is printed as `error: <detail> (<code>, HTTP <status>)` and exits 1; a
+A problem answered by the platform is printed as `error: <detail> (<code>, HTTP <status>)`, followed by
+`  <field>: <reason>` for each field a validation problem names (gpuaas.cli.problems), and exits 1; a
 connection failure exits 2; a `--wait` that runs out of time exits 3. A name or short id that names nothing, or
 more than one thing, is printed as `error: ... (not_found | ambiguous_reference)` and exits 1.
 """
@@ -16,8 +17,9 @@ from typing import Any, TypeVar
 
 import httpx
 import typer
+from rich.markup import escape
 
-from gpuaas.cli import lookup
+from gpuaas.cli import lookup, problems
 from gpuaas.cli.config import Config, resolve_url
 from gpuaas.cli.output import err
 from gpuaas.cli.refs import Unresolved
@@ -46,8 +48,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except ApiError as exc:
-        detail = exc.problem.get("detail") or exc.problem.get("title") or ""
-        err.print(f"[red]error:[/red] {detail} ({exc.code}, HTTP {exc.status})", highlight=False)
+        first, *fields = problems.render(exc.status, exc.problem)
+        err.print(f"[red]error:[/red] {escape(first)}", highlight=False, soft_wrap=True)
+        for line in fields:
+            err.print(escape(line), highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except Unresolved as exc:
         err.print(f"[red]error:[/red] {exc.detail} ({exc.code})", highlight=False, soft_wrap=True)

@@ -33,7 +33,10 @@ APPS_DOMAIN = "apps.localhost"
 INFRA_PORTS = ("postgres", "kafka", "registry")
 AGENT_DRIVERS = ("container", "process")
 DEFAULT_ROOT = Path(".local")
-DEFAULT_ADMIN_EMAIL = "admin@gpuaas.local"
+# The seeded operator. `.example` (RFC 2606) is reserved for examples yet accepted by email validation, which
+# refuses the special-use names (`.local`, `.test`, `.localhost`, `.invalid`): identity's discovery (`gpuaas login`,
+# the console's login) validates the address, so the printed login must pass it.
+DEFAULT_ADMIN_EMAIL = "admin@gpuaas.example"
 # Local node-agents (name, declared GPUs) that `make run` enrols so that a new user can allocate at once.
 DEFAULT_AGENTS: tuple[tuple[str, str], ...] = (("local-h100", "8xH100-80GB"), ("local-a100", "4xA100-80GB"))
 BROKERS = ("tansu", "kafka", "testcontainers")
