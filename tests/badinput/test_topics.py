@@ -4,7 +4,6 @@ partition exactly once."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
@@ -108,8 +107,28 @@ async def test_malformed_events_are_dead_lettered_and_never_stop_a_consumer(stac
         return n == 1
 
     await eventually(applied, 60, "the valid event after the junk applied")
-    await asyncio.sleep(1)
+    # A probe behind everything on the same partition: once identity has stored it, whatever the junk and the
+    # valid event could still cause (a second application, another parked copy) would show.
+    probe = AuditRecorded.build(
+        subject=run,
+        source="allocations",
+        actor=Actor.system("badinput"),
+        data=AuditRecord(service=f"{run}-probe", action="badinput.probe", resource_type="probe", resource_id=run),
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(AUDIT, probe.model_dump_json().encode(), key=key)
+    finally:
+        await producer.stop()
+
+    async def probed() -> bool:
+        n = await stack.fetchval("identity", "SELECT count(*) FROM audit_records WHERE service = $1", f"{run}-probe")
+        return n == 1
+
+    await eventually(probed, 60, "the probe behind the valid event applied")
     assert await stack.fetchval("identity", "SELECT count(*) FROM audit_records WHERE service = $1", run) == 1
+    assert await all_parked(), f"parked now: {await state()}"
     # Every consumer is the same process, still assigned, still ready.
     assert {s: stack.pid(s) for s in SERVICES} == pids
     async with httpx.AsyncClient(timeout=10) as c:

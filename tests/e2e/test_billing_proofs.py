@@ -93,6 +93,39 @@ async def tenancy(stack: Stack, admin_token: str) -> dict[str, str]:
     return {"tenant": tenant, "project": project}
 
 
+async def usage_drained(stack: Stack, tenancy: dict[str, str]) -> None:
+    """Probes behind everything put on the usage topic so far: one usage record on each partition, of a GPU
+    model that has no price (billing records it and charges nothing). Billing consumes each partition in
+    order, so once it has received every probe it has consumed every record before them: a duplicate or a
+    late record still in flight would show by now. Metering's outbox is drained first, so that whatever it
+    has committed is on the topic before the probes."""
+
+    async def metering_sent() -> bool:
+        return await stack.fetchval("metering", "SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
+
+    await eventually(metering_sent, 60, "metering's outbox published")
+    model = f"PROBE-{uuid.uuid4().hex[:8]}"
+    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        partitions = sorted(await producer.partitions_for(USAGE))
+        probes = gpu_records(tenancy, len(partitions), model=model)
+        futures = [
+            await producer.send(USAGE, e.model_dump_json().encode(), key=e.key(), partition=p)
+            for e, p in zip(probes, partitions, strict=True)
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    ids = [e.data.usage_record_id for e in probes]
+
+    async def received() -> bool:
+        n = await stack.fetchval("billing", "SELECT count(*) FROM usage_received WHERE usage_record_id = ANY($1)", ids)
+        return n == len(ids)
+
+    await eventually(received, 120, f"billing receiving the probes on all {len(ids)} usage partitions")
+
+
 async def ledger(stack: Stack) -> tuple[int, Decimal, Decimal, int]:
     """(transactions, debits, credits, unbalanced transactions), straight from billing's schema."""
     row = (
@@ -121,7 +154,7 @@ async def assert_balanced(stack: Stack, gw: httpx.AsyncClient) -> None:
     assert await stack.fetchval("billing", "SELECT count(*) FROM dead_letters WHERE status = 'parked'") == 0
 
 
-async def test_release_failed_allocation_stops_accruing_at_the_release_request(stack, gw, tenancy) -> None:  # type: ignore[no-untyped-def]
+async def test_release_failed_allocation_stops_accruing_at_the_release_request(stack, gw, tenancy) -> None:
     # Whole windows (1/2 h and 1 h), so each charge's quantity is exact: [H-1.5h, H-1h) and [H-1h, H).
     hour = now().replace(minute=0, second=0, microsecond=0)
     activated = hour - timedelta(hours=1, minutes=30)
@@ -185,7 +218,32 @@ async def test_release_failed_allocation_stops_accruing_at_the_release_request(s
     assert r.status_code == 200 and r.json()["status"] == "closed"
     assert datetime.fromisoformat(r.json()["closed_at"]) == stop
     assert "release then failed" in r.json()["close_reason"]
-    await asyncio.sleep(6)  # the window closer runs every 5 s: nothing more may accrue
+    # Nothing more may accrue: a probe meter opened now, with a whole hour already due, is recorded by a pass
+    # of the window closer that ran after this meter closed (a pass that would have recorded it too).
+    probe = a.model_copy(
+        update={
+            "allocation_id": uuid.uuid4(),
+            "gpu_model": f"PROBE-{uuid.uuid4().hex[:8]}",  # no price: billing charges nothing for it
+            "status_changed_at": hour - timedelta(hours=2),
+            "requested_at": hour - timedelta(hours=2),
+            "activated_at": hour - timedelta(hours=2),
+        }
+    )
+    await publish(stack, [al.AllocationActivated.build(data=probe, source="allocations")])
+    await eventually(
+        lambda: stack.fetchval(
+            "metering", "SELECT count(*) FROM usage_records WHERE allocation_id = $1", probe.allocation_id
+        ),
+        60,
+        "the window closer recording the probe meter's due hour",
+    )
+    recorded = await stack.fetch(
+        "metering",
+        "SELECT count(*) AS n, sum(gpu_seconds) AS s FROM usage_records WHERE allocation_id = $1",
+        a.allocation_id,
+    )
+    assert (recorded[0]["n"], recorded[0]["s"]) == (2, expected_hours * 3600), "usage after the release request"
+    await usage_drained(stack, tenancy)
     r = await gw.get(
         "/api/billing/charges", params={"project_id": tenancy["project"], "allocation_id": str(a.allocation_id)}
     )
@@ -194,7 +252,7 @@ async def test_release_failed_allocation_stops_accruing_at_the_release_request(s
     await assert_balanced(stack, gw)
 
 
-async def test_every_app_usage_event_posted_twice_is_charged_once(stack, gw, tenancy) -> None:  # type: ignore[no-untyped-def]
+async def test_every_app_usage_event_posted_twice_is_charged_once(stack, gw, tenancy) -> None:
     inst = ar.InstanceState(
         instance_id=uuid.uuid4(),
         tenant_id=tenancy["tenant"],
@@ -244,7 +302,7 @@ async def test_every_app_usage_event_posted_twice_is_charged_once(stack, gw, ten
         return len(r.json()) == n
 
     await eventually(all_charged, 60, f"{n} app usage charges")
-    await asyncio.sleep(2)
+    await usage_drained(stack, tenancy)  # the second posts' records, had metering emitted them, are charged by now
     r = await gw.get(
         "/api/billing/charges",
         params={"project_id": tenancy["project"], "instance_id": str(inst.instance_id), "limit": 1000},
@@ -255,7 +313,7 @@ async def test_every_app_usage_event_posted_twice_is_charged_once(stack, gw, ten
     await assert_balanced(stack, gw)
 
 
-def gpu_records(tenancy: dict[str, str], n: int) -> list[us.UsageRecorded]:
+def gpu_records(tenancy: dict[str, str], n: int, model: str = "H100-80GB") -> list[us.UsageRecorded]:
     base = now() - timedelta(hours=1)
     out = []
     for _ in range(n):
@@ -266,7 +324,7 @@ def gpu_records(tenancy: dict[str, str], n: int) -> list[us.UsageRecorded]:
             tenant_id=tenancy["tenant"],
             project_id=tenancy["project"],
             shape=CapacityShape.gpu_slice,
-            gpu_model="H100-80GB",
+            gpu_model=model,
             gpu_count=1,
             window_start=base,
             window_end=base + timedelta(seconds=36),
@@ -276,7 +334,7 @@ def gpu_records(tenancy: dict[str, str], n: int) -> list[us.UsageRecorded]:
     return out
 
 
-async def test_billing_killed_mid_batch_charges_each_record_once(stack, gw, tenancy) -> None:  # type: ignore[no-untyped-def]
+async def test_billing_killed_mid_batch_charges_each_record_once(stack, gw, tenancy) -> None:
     n = 3000
     records = gpu_records(tenancy, n)
     ids = [str(r.data.usage_record_id) for r in records]
@@ -295,7 +353,7 @@ async def test_billing_killed_mid_batch_charges_each_record_once(stack, gw, tena
     assert 0 < seen < n, f"the kill did not land mid-stream ({seen}/{n})"
     await asyncio.to_thread(stack.start_service, "billing")
     await eventually(lambda: _is(charged(), n), 120, f"{n} records charged")
-    await asyncio.sleep(2)
+    await usage_drained(stack, tenancy)  # the redelivered batch is consumed by now
     assert await charged() == n
     after = await ledger(stack)
     assert after[0] - before[0] == n
@@ -303,7 +361,7 @@ async def test_billing_killed_mid_batch_charges_each_record_once(stack, gw, tena
     await assert_balanced(stack, gw)
 
 
-async def test_replaying_the_whole_usage_topic_leaves_the_ledger_unchanged(stack, gw, tenancy) -> None:  # type: ignore[no-untyped-def]
+async def test_replaying_the_whole_usage_topic_leaves_the_ledger_unchanged(stack, gw, tenancy) -> None:
     before = await ledger(stack)
     assert before[0] > 0, "the other proofs put usage on the topic first"
     # Read the whole topic from the beginning, as a fresh consumer would.
@@ -338,12 +396,12 @@ async def test_replaying_the_whole_usage_topic_leaves_the_ledger_unchanged(stack
         return n >= inbox_before + len(fresh)
 
     await eventually(consumed, 180, "billing consuming the replayed topic")
-    await asyncio.sleep(2)
+    await usage_drained(stack, tenancy)  # every replayed record is consumed by now
     assert await ledger(stack) == before
     await assert_balanced(stack, gw)
 
 
-async def _is(value_coro, expected) -> bool:  # type: ignore[no-untyped-def]
+async def _is(value_coro, expected) -> bool:
     return (await value_coro) == expected
 
 

@@ -26,8 +26,14 @@ from gpuaas.kit.outbox import add_events
 pytestmark = pytest.mark.e2e
 
 
-async def commit_through_outbox(stack: Stack, run: str, n: int, per_tx: int = 200, first: int = 0) -> None:
-    """Commit `n` events in allocations' outbox with allocations' own role, as its use cases do."""
+KEYS = 16  # the run's events are spread over this many aggregates (Kafka keys)
+
+
+async def commit_through_outbox(
+    stack: Stack, run: str, n: int, per_tx: int = 200, first: int = 0, service: str | None = None
+) -> None:
+    """Commit `n` events in allocations' outbox with allocations' own role, as its use cases do: keyed
+    `{run}-0` .. `{run}-15`, stored by identity under `service` (default: `run`)."""
     engine = create_engine(stack.database_url("allocations"), "allocations", pool_size=2)
     sessions = session_factory(engine)
     try:
@@ -37,11 +43,11 @@ async def commit_through_outbox(stack: Stack, run: str, n: int, per_tx: int = 20
                     s,
                     [
                         AuditRecorded.build(
-                            subject=f"{run}-{i % 16}",
+                            subject=f"{run}-{i % KEYS}",
                             source="allocations",
                             actor=Actor.system("e2e"),
                             data=AuditRecord(
-                                service=run, action="e2e.write", resource_type="probe", resource_id=str(i)
+                                service=service or run, action="e2e.write", resource_type="probe", resource_id=str(i)
                             ),
                         )
                         for i in range(start, min(start + per_tx, first + n))
@@ -60,6 +66,15 @@ async def applied(stack: Stack, run: str) -> tuple[int, int]:
     return row[0]["n"], row[0]["d"]
 
 
+async def drained(stack: Stack, run: str) -> None:
+    """Probes behind the run's events: one per key of the run, committed after them, so each follows them
+    through the outbox (seq order) into the same partition. Once identity has stored every probe, it has
+    consumed everything the run put before them: a redelivered copy still in flight would show by now."""
+    probes = f"{run}-probe"
+    await commit_through_outbox(stack, run, KEYS, service=probes)
+    await eventually(lambda: _is(applied(stack, probes), (KEYS, KEYS)), 120, "the probes behind the run's events")
+
+
 async def metric(stack: Stack, service: str, name: str) -> float:
     import httpx
 
@@ -68,7 +83,7 @@ async def metric(stack: Stack, service: str, name: str) -> float:
     return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
 
 
-async def test_a_event_applied_exactly_once_normally(stack: Stack, gw) -> None:  # type: ignore[no-untyped-def]
+async def test_a_event_applied_exactly_once_normally(stack: Stack, gw) -> None:
     run = uuid.uuid4().hex[:8]
     created = await asyncio.gather(
         *[
@@ -114,7 +129,7 @@ async def test_b_consumer_sigkilled_mid_batch(stack: Stack) -> None:
     assert 0 < seen < n, f"the kill did not land mid-stream ({seen}/{n})"
     await asyncio.to_thread(stack.start_service, "identity")
     await eventually(lambda: _is(applied(stack, run), (n, n)), 120, f"{n} events applied once")
-    await asyncio.sleep(2)  # anything left in flight would show up as a duplicate now
+    await drained(stack, run)  # anything left in flight would show up as a duplicate now
     assert await applied(stack, run) == (n, n)
     await no_dead_letters(stack)
 
@@ -183,7 +198,7 @@ async def test_d_broker_restart_then_replay(stack: Stack) -> None:
     await eventually(replay_deduped, 120, "replayed events reaching identity's inbox")
     await commit_through_outbox(stack, run, m, first=n)  # new events after the restart
     await eventually(lambda: _is(applied(stack, run), (n + m, n + m)), 120, "new events applied")
-    await asyncio.sleep(2)
+    await drained(stack, run)
     assert await applied(stack, run) == (n + m, n + m)
     await no_dead_letters(stack)
 
@@ -204,11 +219,16 @@ async def broker_stop_start_keeps_log(stack: Stack) -> None:
     await eventually(partly, 60, "the first applied batch", interval_s=0.01)
     await asyncio.to_thread(stack.stop_broker)
     await commit_through_outbox(stack, run, m, first=n)  # committed while the broker is down
-    await asyncio.sleep(3)
+    failures = await metric(stack, "allocations", "gpuaas_relay_restarts_total")
+
+    async def relay_failed() -> bool:  # the relay tried to publish them and the broker was not there
+        return await metric(stack, "allocations", "gpuaas_relay_restarts_total") > failures
+
+    await eventually(relay_failed, 120, "the relay failing to publish while the broker is down")
     assert await stack.fetchval("allocations", "SELECT count(*) FROM outbox WHERE sent_at IS NULL") >= m
     await asyncio.to_thread(stack.start_broker)
     await eventually(lambda: _is(applied(stack, run), (n + m, n + m)), 180, "every event applied after the restart")
-    await asyncio.sleep(2)
+    await drained(stack, run)
     assert await applied(stack, run) == (n + m, n + m)
     assert {name: stack.pid(name) for name in pids} == pids, "the services rode out the broker restart"
     await no_dead_letters(stack)
@@ -218,9 +238,9 @@ async def no_dead_letters(stack: Stack) -> None:
     assert await stack.fetchval("identity", "SELECT count(*) FROM dead_letters WHERE status = 'parked'") == 0
 
 
-async def _is(value_coro, expected) -> bool:  # type: ignore[no-untyped-def]
+async def _is(value_coro, expected) -> bool:
     return (await value_coro) == expected
 
 
-async def _not(value_coro) -> bool:  # type: ignore[no-untyped-def]
+async def _not(value_coro) -> bool:
     return not await value_coro

@@ -22,9 +22,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
+import asyncpg
 import httpx
+import psutil
 import pytest
 
+from gpuaas.devstack.config import plain_url
 from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 from gpuaas.devstack.stack import Stack
 from gpuaas.devstack.waiting import eventually
@@ -54,6 +57,15 @@ KILL_AT = {
     "billing": "release",
     "gateway": "create",
 }
+
+
+# Allocations' own database sessions other than the asking one (a role sees its own sessions' details).
+OWN_BACKENDS = "SELECT count(*) FROM pg_stat_activity WHERE usename = current_user AND pid <> pg_backend_pid()"
+# A host's registrations by its agent: each commits an audit event to allocations' outbox (kept for days).
+REGISTRATIONS = (
+    "SELECT count(*) FROM outbox WHERE event_type = 'audit.recorded' AND aggregate_id = $1 "
+    "AND convert_from(payload, 'UTF8')::jsonb #>> '{data,action}' = 'allocations.host.register'"
+)
 
 
 @pytest.fixture
@@ -116,13 +128,19 @@ async def test_broker_stop_start(stack: Stack, saga: Saga, sig: int) -> None:
     if stack.kafka is None:
         pytest.skip("needs the stack's own Apache Kafka (GPUAAS_STACK_BROKER=kafka); Tansu: test_exactly_once d")
     pids = {n: stack.pid(n) for n in stack.names}
+    kafka, broker_pid = stack.kafka, stack.kafka.pid
+    down: list[bool] = []
 
     async def fault() -> None:
         await asyncio.to_thread(stack.stop_broker, sig)
+        down.append(not kafka.running)
         await asyncio.sleep(3)
         await asyncio.to_thread(stack.start_broker)
 
     figures = await run_with_fault(saga, "create", fault)
+    # The fault happened: the broker was down, and what runs now is a new broker process.
+    assert down == [True], "the broker was still running after the stop"
+    assert kafka.running and kafka.pid != broker_pid, "the broker was not stopped and started again"
     assert {n: stack.pid(n) for n in stack.names} == pids, "no service was restarted: they rode it out"
     print(f"\nFAULT broker {signal.Signals(sig).name} + start: {figures}")
 
@@ -151,12 +169,35 @@ async def test_relays_lose_the_broker_for_a_minute(stack: Stack, saga: Saga) -> 
 async def test_postgres_restart(stack: Stack, saga: Saga) -> None:
     if stack.pg is None:
         pytest.skip("external database")
+    pg = stack.pg
+    pids = {n: stack.pid(n) for n in stack.names}
+    seen: dict[str, object] = {}
 
     async def fault() -> None:
+        seen["pg_pid"] = pg.pid
+        seen["started"] = await stack.fetchval("allocations", "SELECT pg_postmaster_start_time()")
+        # Allocations' own connections (its pool and relay lock session) that the restart must drop.
+        seen["backends"] = await stack.fetchval("allocations", OWN_BACKENDS)
+        held = await asyncpg.connect(plain_url(stack.database_url("allocations")))
         await asyncio.to_thread(stack.restart_postgres)
+        try:
+            await held.fetchval("SELECT 1")
+            seen["held"] = "still open"
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            seen["held"] = type(exc).__name__
+        finally:
+            held.terminate()
 
     figures = await run_with_fault(saga, "create", fault)
-    print(f"\nFAULT postgres restart: {figures}")
+    # The fault happened: a new postmaster (pid and start time), every connection of before dropped...
+    assert seen["backends"], "allocations had no connection of its own to lose"
+    assert pg.pid != seen["pg_pid"], "Postgres was not restarted"
+    assert await stack.fetchval("allocations", "SELECT pg_postmaster_start_time()") > seen["started"]
+    assert seen["held"] != "still open", "a connection opened before the restart survived it"
+    # ...and the services rode it out by reconnecting (no process was restarted), connected again now.
+    assert {n: stack.pid(n) for n in stack.names} == pids, "a service was restarted instead of reconnecting"
+    assert await stack.fetchval("allocations", OWN_BACKENDS), "allocations did not reconnect"
+    print(f"\nFAULT postgres restart (held connection: {seen['held']}, {seen['backends']} dropped): {figures}")
 
 
 @pytest.mark.parametrize("at", ["create", "release"])
@@ -164,12 +205,25 @@ async def test_node_agent_killed_mid_task(stack: Stack, saga: Saga, at: str) -> 
     assert saga.agent is not None
     agent = saga.agent
 
+    host_id = saga.host["host_id"]
+    seen: dict[str, int] = {}
+
     async def fault() -> None:
+        assert agent.proc is not None
+        seen["pid"] = agent.proc.pid
+        seen["registrations"] = await stack.fetchval("allocations", REGISTRATIONS, host_id)
         await asyncio.to_thread(agent.kill, signal.SIGKILL)
+        seen["exit"] = agent.proc.returncode
         await asyncio.sleep(3)
         await asyncio.to_thread(agent.start)
 
     figures = await run_with_fault(saga, at, fault, release_while=True)
+    # The fault happened: the agent died of the SIGKILL, and a new process registered the host again.
+    assert seen["exit"] == -signal.SIGKILL, f"the agent ended with {seen['exit']}, not by the SIGKILL"
+    assert not psutil.pid_exists(seen["pid"]), "the killed agent's process is still there"
+    assert agent.proc is not None and agent.proc.pid != seen["pid"] and agent.proc.poll() is None
+    registrations = await stack.fetchval("allocations", REGISTRATIONS, host_id)
+    assert registrations > seen["registrations"], "no registration of the host by the restarted agent"
     print(f"\nFAULT node-agent SIGKILL at {at}: {figures}")
 
 

@@ -232,9 +232,19 @@ def test_runtime_images_are_seeded_and_the_agents_run_the_container_driver(stack
 async def test_each_service_role_sees_only_its_schema(stack: Stack) -> None:
     assert await stack.fetchval("identity", "SELECT current_user") == "gpuaas_identity"
     assert await stack.fetchval("app_runtime", "SELECT current_schema()") == "app_runtime"
-    # Migrated: the kit's tables exist in every schema.
+    # Migrated: the kit's tables exist in every service's own schema, and its role can read them.
+    kit_tables = ["dead_letters", "idempotency_keys", "inbox", "outbox"]
     for svc in SERVICES:
-        assert await stack.fetchval(svc, "SELECT count(*) FROM outbox") >= 0
+        found = await stack.fetchval(
+            svc,
+            "SELECT array_agg(table_name::text ORDER BY table_name) FROM information_schema.tables "
+            "WHERE table_schema = $1 AND table_name = ANY($2::text[])",
+            svc,
+            kit_tables,
+        )
+        assert found == kit_tables, f"{svc}: {found}"
+        assert await stack.fetchval(svc, "SELECT to_regclass('outbox')::text") == "outbox"  # on its search path
+        assert isinstance(await stack.fetchval(svc, "SELECT count(*) FROM outbox"), int)
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await stack.fetchval("identity", "SELECT count(*) FROM billing.outbox")
 
@@ -271,9 +281,9 @@ async def test_restart_postgres_keeps_data_and_services_recover(stack: Stack) ->
         pytest.skip("the database is external")
     await stack.execute("billing", "CREATE TABLE IF NOT EXISTS devstack_probe (v text)")
     await stack.execute("billing", "INSERT INTO devstack_probe VALUES ('before-pg-restart')")
-    old_pg = stack.pg.pid  # type: ignore[union-attr]
+    old_pg = stack.pg.pid
     await asyncio.to_thread(stack.restart_postgres)
-    assert stack.pg.pid != old_pg  # type: ignore[union-attr]
+    assert stack.pg.pid != old_pg
     assert await stack.fetchval("billing", "SELECT count(*) FROM devstack_probe WHERE v = 'before-pg-restart'") == 1
     assert all(readyz(stack, n) == 200 for n in ALL)
 
@@ -323,13 +333,13 @@ async def test_restart_broker_restarts_services_and_replays_the_outbox(stack: St
         b'{"type": "devstack.probe.v1"}',
     )
     await _wait_sent_after(stack, event_id, t_insert - 5)
-    old_broker, old_pids = stack.tansu.pid, {n: stack.pid(n) for n in SERVICES}  # type: ignore[union-attr]
+    old_broker, old_pids = stack.tansu.pid, {n: stack.pid(n) for n in SERVICES}
     old_gateway = stack.pid(GATEWAY)
 
     t_restart = time.time()
     await asyncio.to_thread(stack.restart_broker)
 
-    assert stack.tansu.pid != old_broker  # type: ignore[union-attr]
+    assert stack.tansu.pid != old_broker
     assert all(stack.pid(n) != old_pids[n] for n in SERVICES), "every service gets a new producer/consumer"
     assert stack.pid(GATEWAY) == old_gateway  # no broker in the gateway: left alone
     assert "billing" in stack.last_replay
@@ -337,7 +347,7 @@ async def test_restart_broker_restarts_services_and_replays_the_outbox(stack: St
     # The event the lost broker held was published again, onto the new broker.
     await _wait_sent_after(stack, event_id, t_restart)
     assert await _on_broker(stack.kafka_bootstrap, "gpuaas.billing.v1", event_id)
-    assert read_json(stack.state_path)["broker"]["started_at"] == stack.tansu.started_at  # type: ignore[union-attr]
+    assert read_json(stack.state_path)["broker"]["started_at"] == stack.tansu.started_at
 
 
 def test_supervision_recovers_from_a_dead_broker(stack: Stack) -> None:

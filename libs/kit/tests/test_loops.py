@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import structlog
 
@@ -12,6 +13,19 @@ from .runtime_stub import bare_kit
 
 # A loop that waits this long between rounds would hang the test if it ever waited when it should not.
 FOREVER_S = 3600.0
+
+
+class ObservedStop(asyncio.Event):
+    """The kit's `stopping` event that also tells when a loop starts waiting on it (its interval wait): the
+    point after which the loop cannot step again until the interval ends or stopping is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited_on = asyncio.Event()
+
+    async def wait(self) -> Literal[True]:
+        self.waited_on.set()
+        return await super().wait()
 
 
 async def test_stopping_ends_the_loop_at_its_wait_not_mid_step() -> None:
@@ -33,6 +47,7 @@ async def test_stopping_ends_the_loop_at_its_wait_not_mid_step() -> None:
 
 async def test_stopping_wakes_a_loop_waiting_out_its_interval() -> None:
     kit = bare_kit()
+    kit.stopping = stopping = ObservedStop()
     calls = 0
 
     async def step() -> None:
@@ -40,7 +55,7 @@ async def test_stopping_wakes_a_loop_waiting_out_its_interval() -> None:
         calls += 1
 
     loop = asyncio.create_task(run_periodically(kit, "reconciler", FOREVER_S, step))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(stopping.waited_on.wait(), 5)
     assert calls == 1 and not loop.done()  # one round, then waiting out the interval
     kit.stopping.set()
     await asyncio.wait_for(loop, 5)
@@ -79,6 +94,7 @@ async def test_a_failing_round_is_logged_and_the_next_one_runs() -> None:
 
 async def test_true_means_more_work_is_due_at_once() -> None:
     kit = bare_kit()
+    kit.stopping = stopping = ObservedStop()
     results = [True, True, True, False]
     calls = 0
 
@@ -89,7 +105,7 @@ async def test_true_means_more_work_is_due_at_once() -> None:
 
     loop = asyncio.create_task(run_periodically(kit, "batcher", FOREVER_S, step))
     # Three full batches follow each other without the interval; the fourth (not full) waits.
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(stopping.waited_on.wait(), 5)
     assert calls == 4 and not loop.done()
     kit.stopping.set()
     await asyncio.wait_for(loop, 5)

@@ -44,7 +44,7 @@ def counting_handlers(run: str, poison: set[str] | None = None) -> Subscriptions
     subs = Subscriptions()
 
     @subs.on(AuditRecorded)
-    async def apply(session, event: AuditRecorded) -> None:  # type: ignore[no-untyped-def]
+    async def apply(session, event: AuditRecorded) -> None:
         if event.data.service != run:
             return
         if poison is not None and event.data.reason in poison:
@@ -219,7 +219,7 @@ async def test_consumer_task_survives_its_client_failing(infra, failure: str) ->
         else:
             real_getmany = client.getmany
 
-            async def failing_getmany(*args, **kwargs):  # type: ignore[no-untyped-def]
+            async def failing_getmany(*args, **kwargs):
                 client.getmany = real_getmany  # once
                 if failure == "crash":
                     raise RuntimeError("injected bug in the poll loop")
@@ -267,8 +267,13 @@ async def test_topic_prefix_isolates_deployments_on_one_broker(infra) -> None:
             await add_events(s, [audit_event(run, "blue-only", i) for i in range(3)])
         await wait_for(lambda: _eq(applied(blue), 3), 60, "the blue deployment applies its events")
         await wait_for(lambda: gkit.consumer.assigned, 30, "green consumer assigned")
-        await asyncio.sleep(2)  # green is polling its own (empty) topics
-        assert await applied(green) == 0, "green read blue's events"
+        assigned = {tp.topic for tp in gkit.consumer.consumer.assignment()}
+        assert assigned and all(t.startswith(green) for t in assigned), f"green is assigned {assigned}"
+        # A probe on green's own topic: once green has applied it, green is consuming, and still only it.
+        await _publish_raw(infra.kafka_bootstrap, green + AUDIT, audit_event(run, "green-probe", 0))
+        await wait_for(lambda: _eq(applied(green), 1), 60, "green applying its own probe")
+        rows = await fetch(names[green][1], names[green][0], "SELECT subject FROM applied")
+        assert [r for (r,) in rows] == ["green-probe"], "green read blue's events"
         outbox_topics = await fetch(prod_url, prod_name, "SELECT DISTINCT topic FROM outbox")
         assert [t for (t,) in outbox_topics] == [AUDIT], "the outbox keeps the logical topic name"
     inbox_topics = await fetch(names[blue][1], names[blue][0], "SELECT DISTINCT topic FROM inbox")
@@ -283,7 +288,7 @@ async def test_batch_handler_gets_neighbouring_events_in_one_call_and_is_isolate
     subs = Subscriptions()
 
     @subs.on_batch(AuditRecorded)
-    async def apply_many(session, events: list[AuditRecorded]) -> None:  # type: ignore[no-untyped-def]
+    async def apply_many(session, events: list[AuditRecorded]) -> None:
         ours = [e for e in events if e.data.service == run]
         if not ours:
             return
@@ -365,20 +370,30 @@ async def test_only_one_relay_leads_per_schema(infra) -> None:
 # --- helpers ---
 
 
-async def _eq(value_coro, expected: int) -> bool:  # type: ignore[no-untyped-def]
+async def _eq(value_coro, expected: int) -> bool:
     return (await value_coro) == expected
 
 
-async def _len(value_coro, expected: int) -> bool:  # type: ignore[no-untyped-def]
+async def _len(value_coro, expected: int) -> bool:
     return len(await value_coro) == expected
 
 
-def _counter(kit, name: str, topic: str, at_least: int) -> bool:  # type: ignore[no-untyped-def]
+def _counter(kit, name: str, topic: str, at_least: int) -> bool:
     metric = getattr(kit.metrics, name)
     return metric.labels(topic)._value.get() >= at_least
 
 
-def _epoch():  # type: ignore[no-untyped-def]
+def _epoch():
     from datetime import UTC, datetime
 
     return datetime(2000, 1, 1, tzinfo=UTC)
+
+
+async def _publish_raw(bootstrap: str, topic: str, event: AuditRecorded) -> None:
+    """`event` straight onto a topic (on the broker's name), as another deployment's relay would put it."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, event.model_dump_json().encode(), key=event.key())
+    finally:
+        await producer.stop()

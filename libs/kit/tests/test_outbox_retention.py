@@ -139,9 +139,18 @@ async def test_replay_of_a_since_until_range_republishes_only_that_range_and_con
             assert rows[seq] == times[seq][1], f"row {seq} outside the range was republished"
         for seq in by_group["inside"]:
             assert rows[seq] is not None and rows[seq] > base - timedelta(minutes=5), f"row {seq} not republished"
-        await asyncio.sleep(1)  # anything else the replay could have caused has arrived by now
+        # Probes: one more event per subject, each behind that subject's events (replayed or not) in its
+        # partition; once all are applied, anything else the replay could have caused has been consumed.
+        async with pkit.sessions() as s, s.begin():
+            await add_events(s, [audit_event(run, f"{g}-{i}", 100) for g, n in groups.items() for i in range(n)])
+        total += sum(groups.values())  # one probe per subject
+        await wait_for(lambda: _at_least(applied(), total), 60, "the probes applied")
         got = await applied()
         assert len(got) == total and len(set(got)) == total, "a replayed event was applied twice"
+
+
+async def _at_least(rows_coro: Any, n: int) -> bool:
+    return len(await rows_coro) >= n
 
 
 async def _has(rows_coro: Any, n: int) -> bool:

@@ -28,9 +28,10 @@ from .test_outbox_inbox import audit_event, counting_handlers, fetch, make_appli
 pytestmark = pytest.mark.integration
 
 SUBJECTS = [f"agg-{i}" for i in range(6)]
+PROBE = b"probe"  # not an event: marks the end of a partition for _read_all
 
 
-async def _relays(infra, prefix: str, n: int, batch_size: int):  # type: ignore[no-untyped-def]
+async def _relays(infra, prefix: str, n: int, batch_size: int):
     """A schema with its outbox, and `n` relays on it, each with its own engine and producer (replicas)."""
     name, url = await new_service_db(infra.admin_url, "relayrep")
     await ensure_topics(infra.kafka_bootstrap, [AUDIT], prefix=prefix)
@@ -63,9 +64,17 @@ async def _stage(relay: OutboxRelay, run: str, rounds: int) -> int:
     return rounds * len(SUBJECTS)
 
 
-async def _read_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60) -> list[tuple[str, int, str]]:
-    """(subject, seq, event id) of every record on the topic, in each partition's order; waits for `expected`
-    then lingers a little so that duplicates beyond it would show too."""
+async def _read_all(bootstrap: str, topic: str, timeout_s: float = 60) -> list[tuple[str, int, str]]:
+    """(subject, seq, event id) of every record on the topic, in each partition's order, once the relays have
+    stopped publishing: a probe is put at the end of each partition and everything before the probes is read,
+    so a record published twice would be there too."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        partitions = sorted(await producer.partitions_for(topic))
+        await asyncio.gather(*[await producer.send(topic, PROBE, partition=p) for p in partitions])
+    finally:
+        await producer.stop()
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -75,18 +84,20 @@ async def _read_all(bootstrap: str, topic: str, expected: int, timeout_s: float 
     )
     await consumer.start()
     per_partition: dict[int, list[tuple[str, int, str]]] = defaultdict(list)
+    probed: set[int] = set()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    settle_until: float | None = None
     try:
-        while loop.time() < deadline and (settle_until is None or loop.time() < settle_until):
+        while probed != set(partitions):
+            assert loop.time() < deadline, f"timed out reading to the probes (seen on partitions {sorted(probed)})"
             batch = await consumer.getmany(timeout_ms=500)
             for tp, msgs in batch.items():
                 for m in msgs:
-                    env = json.loads(m.value)
-                    per_partition[tp.partition].append((env["subject"], env["data"]["after"]["seq"], env["id"]))
-            if settle_until is None and sum(len(v) for v in per_partition.values()) >= expected:
-                settle_until = loop.time() + 2.0
+                    if m.value == PROBE:
+                        probed.add(tp.partition)
+                    elif tp.partition not in probed:
+                        env = json.loads(m.value)
+                        per_partition[tp.partition].append((env["subject"], env["data"]["after"]["seq"], env["id"]))
     finally:
         await consumer.stop()
     return [r for part in sorted(per_partition) for r in per_partition[part]]
@@ -110,12 +121,22 @@ async def test_a_new_leader_waits_for_the_batch_a_deposed_leader_still_publishes
     try:
         total = await _stage(relay, run, 4)  # 24 rows
         deposed = create_engine(url, name)
+        admin = await asyncpg.connect(to_plain_url(infra.admin_url))
         async with deposed.connect() as held:
             tx = await held.begin()
             # What a leader mid-batch holds: the oldest 10 unsent rows, locked, not yet marked.
             await held.execute(text("SELECT seq FROM outbox WHERE sent_at IS NULL ORDER BY seq LIMIT 10 FOR UPDATE"))
+            held_pid = (await held.execute(text("SELECT pg_backend_pid()"))).scalar_one()
             new_leader = asyncio.create_task(relay.publish_batch())
-            await asyncio.sleep(2.0)
+
+            async def blocked() -> bool:  # the new leader's claim waits on the deposed leader's row locks
+                waiting = "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))"
+                return bool(await admin.fetchval(waiting, held_pid)) or new_leader.done()
+
+            try:
+                await wait_for(blocked, 30, "the new leader to reach the held rows")
+            finally:
+                await admin.close()
             assert not new_leader.done(), "the new leader published past rows another relay was still publishing"
             sent = (await held.execute(text("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL"))).scalar_one()
             assert sent == 0
@@ -125,7 +146,7 @@ async def test_a_new_leader_waits_for_the_batch_a_deposed_leader_still_publishes
         assert published == 10, "the new leader takes over from the oldest unsent row"
         while await relay.publish_batch():
             pass
-        _assert_once_in_order(await _read_all(infra.kafka_bootstrap, prefix + AUDIT, total), total)
+        _assert_once_in_order(await _read_all(infra.kafka_bootstrap, prefix + AUDIT), total)
     finally:
         for close in closers:
             await close()
@@ -149,7 +170,7 @@ async def test_two_relays_publishing_at_once_publish_each_row_once_in_order(infr
 
         counts = await asyncio.gather(*(drain(r) for r in relays))
         assert sum(counts) == total, f"rows published per relay: {counts}"
-        _assert_once_in_order(await _read_all(infra.kafka_bootstrap, prefix + AUDIT, total), total)
+        _assert_once_in_order(await _read_all(infra.kafka_bootstrap, prefix + AUDIT), total)
     finally:
         for close in closers:
             await close()
@@ -190,7 +211,12 @@ async def test_two_consumers_of_one_service_share_partitions_and_apply_each_even
             if seq == 10:
                 await first.aclose()  # replica A goes away mid-flow (its partitions move to B)
         await wait_for(lambda: _eq(applied(), total), 90, "every event applied by the surviving replica")
-        await asyncio.sleep(2)  # anything applied twice would show now
+        # Probes: one more event per subject, each behind that subject's events in its partition. Once every
+        # probe is applied, whatever was redelivered after the takeover has been consumed too.
+        async with pkit.sessions() as s, s.begin():
+            await add_events(s, [audit_event(run, subj, 30) for subj in SUBJECTS])
+        total += len(SUBJECTS)
+        await wait_for(lambda: _eq(applied(), total), 60, "the probes applied")
         assert await applied() == total
     rows = await fetch(cons_url, cons_name, "SELECT subject, seq FROM applied ORDER BY n")
     assert len({(s, q) for s, q in rows}) == total == len(rows), "an event was applied twice"
@@ -199,7 +225,7 @@ async def test_two_consumers_of_one_service_share_partitions_and_apply_each_even
         assert seqs == sorted(seqs), f"events of {subj} applied out of order"
 
 
-async def _eq(value, expected: int) -> bool:  # type: ignore[no-untyped-def]
+async def _eq(value, expected: int) -> bool:
     return (await value) == expected
 
 
@@ -238,7 +264,12 @@ async def test_a_leader_is_back_when_the_server_drops_the_leaders_lock_session(i
         for _ in range(20):  # never two leaders while the other keeps trying
             assert sum(r.is_leader for r in relays) <= 1
             await asyncio.sleep(0.1)
-        _assert_once_in_order(await _read_all(infra.kafka_bootstrap, prefix + AUDIT, total), total)
+        unsent = f"SELECT count(*) FROM {name}.outbox WHERE sent_at IS NULL"
+        await wait_for(lambda: _eq(admin.fetchval(unsent), 0), 30, "every staged row sent")
+        for r in relays:  # every publication is over before the topic is read
+            r.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        _assert_once_in_order(await _read_all(infra.kafka_bootstrap, prefix + AUDIT), total)
     finally:
         await admin.close()
         for r in relays:

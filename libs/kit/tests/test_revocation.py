@@ -22,7 +22,7 @@ from gpuaas.kit.revocation import ACCESS, SESSION, SUBJECT, Change, DenyList
 from gpuaas.kit.testing import new_service_db
 
 
-def principal(sub: uuid.UUID, *, sid: uuid.UUID | None = None, iat: float | None = None, exp: float | None = None):  # type: ignore[no-untyped-def]
+def principal(sub: uuid.UUID, *, sid: uuid.UUID | None = None, iat: float | None = None, exp: float | None = None):
     now = time.time()
     return Principal(
         subject=sub,
@@ -92,19 +92,23 @@ def test_events_map_to_changes() -> None:
 async def test_stream_watch_returns_on_revocation_on_recheck_failure_and_at_expiry() -> None:
     deny, user, sid = DenyList(), uuid.uuid4(), uuid.uuid4()
     allowed = True
+    checked = asyncio.Event()  # the watch ran a check (and found access still there, while allowed)
 
     async def recheck() -> None:
+        checked.set()
         if not allowed:
             raise Forbidden("gone", code="permission_denied")
 
     watch = asyncio.create_task(revocation.until_access_lost(deny, principal(user, sid=sid), recheck))
-    await asyncio.sleep(0.05)
-    assert not watch.done()
+    await asyncio.wait_for(checked.wait(), 5)
+    assert not watch.done()  # the first check passed: the watch waits for a change
     deny.apply([Change(SESSION, sid)])
     assert (await asyncio.wait_for(watch, 1)).code == "session_revoked"
 
+    checked.clear()
     watch = asyncio.create_task(revocation.until_access_lost(deny, principal(user), recheck))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(checked.wait(), 5)  # its first check found access: only the change below ends it
+    assert not watch.done()
     allowed = False
     deny.apply([Change(ACCESS, user)])  # a membership change: the recheck decides
     assert (await asyncio.wait_for(watch, 1)).code == "permission_denied"
@@ -133,14 +137,20 @@ async def test_guarded_stream_ends_with_the_refusal() -> None:
             seen.append(item)
 
     reader = asyncio.create_task(read())
-    await asyncio.sleep(0.1)
+
+    async def three_items() -> None:
+        while len(seen) < 3:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(three_items(), 5)  # the stream flows until the gate resolves
+    assert not reader.done()
     gate.set_result(Forbidden("x", code="membership_gone"))
     await asyncio.wait_for(reader, 1)
-    assert seen[-1] == "membership_gone" and len(seen) > 2
+    assert seen[-1] == "membership_gone" and seen[:-1] == list(range(len(seen) - 1)) and len(seen) > 3
 
 
 @pytest.mark.integration
-async def test_rows_persist_and_reach_every_replica(infra) -> None:  # type: ignore[no-untyped-def]
+async def test_rows_persist_and_reach_every_replica(infra) -> None:
     name, url = await new_service_db(infra.admin_url, "revocations")
     engine = create_engine(url, name)
     consuming, other = DenyList(), DenyList()
