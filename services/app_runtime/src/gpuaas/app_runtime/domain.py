@@ -3,12 +3,14 @@ the instance status derived from its members."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+import jsonschema.validators
 
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape, InstanceStatus
 from gpuaas.contracts.events.app_runtime import MemberStatus, OperationKind, OperationStatus
@@ -184,7 +186,7 @@ def validate_config(schema: Mapping[str, Any], config: Mapping[str, Any]) -> Non
     """Deploy inputs against the manifest's JSON Schema; every violation is listed."""
     try:
         validator_cls = jsonschema.validators.validator_for(schema)
-        validator_cls.check_schema(schema)
+        validator_cls.check_schema(dict(schema))
     except jsonschema.SchemaError as exc:  # catalog validates manifests; be safe anyway
         raise Unprocessable(f"the app's inputs schema is invalid: {exc.message}", code="app_inputs_invalid") from exc
     errors = sorted(validator_cls(schema).iter_errors(dict(config)), key=lambda e: list(e.path))
@@ -247,12 +249,16 @@ def derive_instance_status(current: str, member_statuses: Sequence[str]) -> Inst
     return InstanceStatus.degraded if status in (InstanceStatus.running, InstanceStatus.degraded) else status
 
 
-def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    """Natural order of version labels: "1.10" > "1.9" > "1.9-rc1"; digits compare as numbers."""
-    import re
+def version_key(version: str) -> tuple[tuple[int, Any], ...]:
+    """Natural order of version labels: "1.10" > "1.9" > "1.9-rc1"; digits compare as numbers, a release comes
+    after its pre-releases (what follows "-"), build metadata ("+...") is ignored."""
+    core, _, pre = version.split("+", 1)[0].partition("-")
+    # The release marker sorts below any further core part ("1.9" < "1.9.1") and above a pre-release.
+    return (*_natural(core), (-1, ()) if not pre else (-2, _natural(pre)))
 
-    parts = re.findall(r"\d+|[a-zA-Z]+", version)
-    return tuple((1, int(p)) if p.isdigit() else (0, p) for p in parts)
+
+def _natural(label: str) -> tuple[tuple[int, int | str], ...]:
+    return tuple((1, int(p)) if p.isdigit() else (0, p) for p in re.findall(r"\d+|[a-zA-Z]+", label))
 
 
 CONTROLLER_STATE_MAX_BYTES = 256 * 1024  # a controller's bookkeeping, not a data store
