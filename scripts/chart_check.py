@@ -21,6 +21,7 @@ Then value sets that must fail render with the error they must give (a missing r
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -170,6 +171,11 @@ def check_objects(name: str, objs: list[dict[str, Any]], kube: str, crds: dict, 
             allowed = allowed | NOT_SETTINGS
             unknown = sorted(env - allowed)
             f.check(not unknown, f"{label}: variables no setting of {component!r} reads: {unknown}")
+            if obj["kind"] == "Deployment" and component == "identity":
+                # Issue 28: without trusted proxies every login counts as the gateway's address.
+                values = {e["name"]: e.get("value") for e in c.get("env", [])}
+                trusted = json.loads(values.get("GPUAAS_IDENTITY_TRUSTED_PROXIES") or "[]")
+                f.check(bool(trusted), f"{label}: identity trusts no proxy (the gateway)")
             if obj["kind"] == "Deployment":
                 ready = c.get("readinessProbe", {}).get("httpGet", {}).get("path")
                 live = c.get("livenessProbe", {}).get("httpGet", {}).get("path")

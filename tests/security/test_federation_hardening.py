@@ -30,7 +30,7 @@ class World:
 
 
 @pytest.fixture(scope="module")
-async def world(infra) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+async def world(infra) -> AsyncIterator[World]:
     dns = LoopbackDns().start()
     try:
         async with identity_app(infra.admin_url, infra.kafka_bootstrap, dns_nameservers=[dns.nameserver]) as identity:

@@ -111,7 +111,7 @@ async def test_a_service_runs_with_exactly_its_grants(infra: Any, acl_cluster: A
 
         async def applied() -> bool:
             async with kit.sessions() as session:
-                return await iam.is_platform_admin(session, Principal(subject=grant.data.user_id, kind="user"))  # type: ignore[arg-type]
+                return await iam.is_platform_admin(session, Principal(subject=grant.data.user_id, kind="user"))
 
         await wait_for(applied, 60, "the identity event over SASL")
 

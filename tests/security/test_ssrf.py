@@ -55,7 +55,7 @@ class World:
 
 
 @pytest.fixture(scope="module")
-async def world(infra) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+async def world(infra) -> AsyncIterator[World]:
     dns = LoopbackDns().start()
     servers = Servers()
     internal_box: list[int] = []

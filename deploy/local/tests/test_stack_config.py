@@ -46,6 +46,8 @@ def test_env_for_wires_each_service(tmp_path: Path) -> None:
     assert env["GPUAAS_JWKS_URL"] == f"http://127.0.0.1:{s.ports['identity']}/.well-known/jwks.json"
     assert env["GPUAAS_JWT_ISSUER"] == f"{s.gateway_url}/api/identity"
     assert env["GPUAAS_IDENTITY_PUBLIC_URL"] == f"{s.gateway_url}/api/identity"
+    # identity believes the gateway's X-Forwarded-For (same host): logins count per client (issue 28)
+    assert json.loads(env["GPUAAS_IDENTITY_TRUSTED_PROXIES"]) == ["127.0.0.1", "::1"]
     assert (env["GPUAAS_IDENTITY_BOOTSTRAP_ADMIN_EMAIL"], env["GPUAAS_IDENTITY_BOOTSTRAP_ADMIN_PASSWORD"]) == (
         s.admin_login
     )

@@ -69,6 +69,42 @@ async def test_a_client_forwarded_for_is_not_passed_on(stack, gateway):
     assert h["x-forwarded-proto"] == ["http"]  # the peer is not a trusted proxy
 
 
+async def test_a_client_forwarding_headers_never_reach_a_service(stack, gateway):
+    """Forwarded, X-Real-IP and the X-Forwarded-* the gateway does not set itself are dropped: only the
+    gateway tells a service where a request came from (issue 28)."""
+    claims = {
+        "Forwarded": "for=203.0.113.9;proto=https",
+        "X-Real-IP": "203.0.113.9",
+        "X-Forwarded-Port": "443",
+        "X-Forwarded-Prefix": "/admin",
+        "X-Forwarded-Server": "evil.example",
+    }
+    async with httpx.AsyncClient(base_url=gateway) as client:
+        resp = await client.get("/api/catalog/echo", headers={**stack.bearer(), **claims})
+    h = resp.json()["headers"]
+    assert not {name.lower() for name in claims} & set(h), h
+    assert h["x-forwarded-for"] == ["127.0.0.1"]
+
+
+def test_the_apps_proxy_passes_no_client_forwarding_header_to_a_workload():
+    from gpuaas.gateway.apps import Upstream, _upstream_headers
+
+    raw = [
+        (b"x-forwarded-for", b"6.6.6.6"),
+        (b"x-forwarded-proto", b"https"),
+        (b"x-forwarded-host", b"evil.example"),
+        (b"forwarded", b"for=6.6.6.6"),
+        (b"x-real-ip", b"6.6.6.6"),
+        (b"accept", b"text/html"),
+    ]
+    up = Upstream(host="127.0.0.1", port=1, base_path="", header="x-app-secret", value="s")
+    out = _upstream_headers(raw, up, "198.51.100.7", set())
+    names = [n for n, _ in out]
+    assert ("x-forwarded-for", "198.51.100.7") in out and names.count("x-forwarded-for") == 1
+    assert not {"x-forwarded-proto", "x-forwarded-host", "forwarded", "x-real-ip"} & set(names), out
+    assert ("accept", "text/html") in out
+
+
 async def test_trusted_proxy_forwarded_headers_are_believed(stack, clock):
     gateway = await stack.gateway(clock=clock, trusted_proxies=["127.0.0.1"], rate_limit_per_s=1, rate_limit_burst=1)
     async with httpx.AsyncClient(base_url=gateway) as client:

@@ -64,7 +64,7 @@ class Identity:
 
 
 @pytest.fixture(scope="module")
-async def identity(infra) -> AsyncIterator[Identity]:  # type: ignore[no-untyped-def]
+async def identity(infra) -> AsyncIterator[Identity]:
     app = await service_app(
         SPEC,
         infra.admin_url,

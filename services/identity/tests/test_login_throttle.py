@@ -50,7 +50,7 @@ class Throttled:
 
 
 @pytest.fixture(scope="module")
-async def throttled(infra) -> AsyncIterator[Throttled]:  # type: ignore[no-untyped-def]
+async def throttled(infra) -> AsyncIterator[Throttled]:
     app = await service_app(
         SPEC,
         infra.admin_url,
@@ -147,3 +147,63 @@ async def test_the_address_is_free_again_when_its_window_runs_out(throttled: Thr
     later = t0 + timedelta(seconds=WINDOW_S + 2)
     await throttle.record_failure(throttled.kit.sessions, settings, account="y@example.com", ip=ip, at=later)
     await check(later + timedelta(seconds=1))
+
+
+async def test_a_throttled_address_does_not_lock_out_an_account_used_from_it(throttled: Throttled) -> None:
+    """Issue 28: 55 failed logins for unknown emails from the devstack's one address (everyone is 127.0.0.1
+    there) made the operator's own login answer 429. An account that signed in from the address before is
+    exempt from the address's throttle; an account never seen from it is still refused."""
+    ip, settings = address(), throttled.settings
+    t0 = now()
+
+    async def login(at: datetime, email: str = ADMIN_EMAIL, password: str = ADMIN_PASSWORD) -> None:
+        await logins.password_login(
+            throttled.kit.sessions, settings, email=email, password=password, client=Client(ip=ip), clock=lambda: at
+        )
+
+    await login(t0)  # the operator uses this address
+    for i in range(SOURCE_THRESHOLD + 2):  # then someone there sprays unknown emails
+        await throttle.record_failure(
+            throttled.kit.sessions, settings, account=f"spray{i}@example.com", ip=ip, at=t0 + timedelta(seconds=i)
+        )
+    with pytest.raises(TooManyRequests) as refused:
+        async with throttled.kit.sessions() as session:
+            await throttle.check(session, settings, account="new@example.com", ip=ip, at=t0 + timedelta(seconds=30))
+    assert refused.value.code == "too_many_attempts"
+    await login(t0 + timedelta(seconds=30))  # the operator is not locked out
+    # Once the account has not been used from there for known_source_ttl_s, it is throttled like any other.
+    late = t0 + timedelta(seconds=settings.known_source_ttl_s + 31)
+    for i in range(SOURCE_THRESHOLD):
+        await throttle.record_failure(throttled.kit.sessions, settings, account=f"late{i}@example.com", ip=ip, at=late)
+    with pytest.raises(TooManyRequests):
+        await login(late + timedelta(seconds=1))
+
+
+async def test_each_backoff_of_an_account_from_an_address_doubles(throttled: Throttled) -> None:
+    """The per-(account, source) backoff grows: lockout_s, then twice that, capped at lockout_max_s; the
+    same account from another address is never backed off."""
+    settings = throttled.settings.model_copy(
+        update={"lockout_threshold": 2, "lockout_s": 60, "lockout_max_s": 200, "source_threshold": 1000}
+    )
+    ip, account = address(), f"victim-{uuid.uuid4().hex[:6]}@example.com"
+    t = now()
+
+    async def fail_twice(at: datetime) -> None:
+        for _ in range(2):
+            await throttle.record_failure(throttled.kit.sessions, settings, account=account, ip=ip, at=at)
+
+    async def backed_off(at: datetime, source: str = ip) -> bool:
+        async with throttled.kit.sessions() as session:
+            try:
+                await throttle.check(session, settings, account=account, ip=source, at=at)
+            except TooManyRequests as exc:
+                assert exc.code == "login_backoff"
+                return True
+        return False
+
+    for length in (60, 120, 200, 200):
+        await fail_twice(t)
+        assert await backed_off(t + timedelta(seconds=length - 2)), length
+        assert not await backed_off(t + timedelta(seconds=1), source=address())
+        t += timedelta(seconds=length + 1)
+        assert not await backed_off(t), length

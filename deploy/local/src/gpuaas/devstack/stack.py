@@ -158,7 +158,11 @@ class Stack:
     def kafka_bootstrap(self) -> str:
         if self.kafka is not None:
             return self.kafka.bootstrap
-        return self.config.kafka_bootstrap or self.tansu.bootstrap  # type: ignore[union-attr]
+        if self.config.kafka_bootstrap:
+            return self.config.kafka_bootstrap
+        if self.tansu is None:
+            raise RuntimeError("the stack's broker is not started")
+        return self.tansu.bootstrap
 
     @property
     def superuser_url(self) -> str:
@@ -260,6 +264,9 @@ class Stack:
             env[f"{prefix}BOOTSTRAP_ADMIN_EMAIL"] = email
             env[f"{prefix}BOOTSTRAP_ADMIN_PASSWORD"] = password
             env[f"{prefix}PUBLIC_URL"] = f"{self.gateway_url}/api/identity"
+            # Logins reach identity through the gateway on this host: believe the X-Forwarded-For it sets, so each
+            # login counts against its client's address, not the gateway's (issue 28).
+            env[f"{prefix}TRUSTED_PROXIES"] = json.dumps(sorted({"127.0.0.1", "::1", self.host} - {"0.0.0.0", "::"}))
             # The devstack's enterprise IdPs (a second identity, Keycloak) listen on loopback over plain
             # http: allowed here explicitly; a real deployment's default denies both (outbound guard).
             env[f"{prefix}IDP_ALLOWED_NETWORKS"] = json.dumps(["127.0.0.0/8", "::1/128"])

@@ -15,6 +15,18 @@ response was lost: read the resource at the request's path, named in the problem
 A reservation younger than `RESERVATION_TIMEOUT` belongs to a request still in flight, committed or not
 (its effect commits before its response is stored): a concurrent duplicate gets 409
 `idempotency_request_in_progress` with `Retry-After`, and its retry then gets the stored response.
+
+A secret shown once (a node token, a service account's client secret, tokens: `SECRET_FIELDS`) is never
+stored: the stored response has it redacted, and a replay answers with the resource, the secret's value
+null, plus `secret_not_shown_again` (the redacted fields' dotted paths) in the body and the
+`Secret-Not-Shown-Again` header (issue 28). A secret-holding response that is not a JSON object (or says
+`Cache-Control: no-store` with nothing to redact) is not kept at all: 409 `idempotency_response_not_kept`.
+
+Keys are for authenticated callers: a key on a call with no bearer token is refused (400
+`idempotency_key_needs_credentials`) — anonymous callers (logins, agents with their node tokens) cannot be
+told apart here, and one shared scope would let one read another's stored response or burn its key; a bearer
+token that does not verify runs the request without a key (the route answers its 401, the client refreshes
+and retries).
 """
 
 from __future__ import annotations
@@ -23,18 +35,37 @@ import hashlib
 import json
 import random
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, cast
 
-from sqlalchemy import delete, event, func, select, update
+from sqlalchemy import Row, delete, event, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpuaas.kit.auth import TokenVerifier
 from gpuaas.kit.db import ServiceSession
 from gpuaas.kit.errors import Problem, problem_response
 from gpuaas.kit.http import header
 from gpuaas.kit.tables import idempotency_keys
+
+
+class _Verifying(Protocol):
+    """What the middleware needs of the kit runtime (named here: kit.app imports this module)."""
+
+    @property
+    def verifier(self) -> TokenVerifier: ...
+
+
+@dataclass
+class _Captured:
+    """The response the route sent, as stored for a replay (500 until the route says otherwise)."""
+
+    status: int = 500
+    headers: list[tuple[bytes, bytes]] = field(default_factory=lambda: list[tuple[bytes, bytes]]())
+    body: bytes = b""
+
 
 MAX_KEY_LENGTH = 255
 TTL = timedelta(hours=24)
@@ -108,6 +139,17 @@ class IdempotencyMiddleware:
             return
         kit = scope["app"].state.kit
         principal = await _caller(kit, scope)
+        if principal is None:
+            await problem_response(
+                400,
+                "idempotency_key_needs_credentials",
+                "Idempotency-Key needs credentials",
+                "Idempotency-Key is accepted only with a bearer token: anonymous calls have no scope of their own.",
+            )(scope, receive, send)
+            return
+        if principal == UNVERIFIED:  # the route answers (401); nothing to reserve a key for
+            await self.app(scope, receive, send)
+            return
         body = await _read_body(receive)
         digest = hashlib.sha256(scope["method"].encode() + scope["path"].encode() + b"\0" + body).hexdigest()
 
@@ -175,7 +217,7 @@ class IdempotencyMiddleware:
                     method=existing.method,
                     path=existing.path,
                 )
-            elif (existing.response_headers or {}).get(NOT_KEPT):
+            elif _stored_headers(existing).get(NOT_KEPT):
                 resp = _not_kept(existing)
             else:
                 await _replay(existing, send)
@@ -183,17 +225,17 @@ class IdempotencyMiddleware:
             await resp(scope, receive, send)
             return
 
-        captured: dict[str, object] = {"status": 500, "headers": [], "body": b""}
+        captured = _Captured()
 
         async def replay_receive() -> Message:
             return {"type": "http.request", "body": body, "more_body": False}
 
         async def capture(message: Message) -> None:
             if message["type"] == "http.response.start":
-                captured["status"] = message["status"]
-                captured["headers"] = message.get("headers", [])
+                captured.status = int(message["status"])
+                captured.headers = list(message.get("headers", []))
             elif message["type"] == "http.response.body":
-                captured["body"] = captured["body"] + message.get("body", b"")  # type: ignore[operator]
+                captured.body += message.get("body", b"")
             await send(message)
 
         token = _scope.set((principal, key))
@@ -201,7 +243,7 @@ class IdempotencyMiddleware:
             await self.app(scope, replay_receive, capture)
         finally:
             _scope.reset(token)
-            status = int(captured["status"])  # type: ignore[arg-type]
+            status = captured.status
             async with kit.sessions() as session, session.begin():
                 where = (idempotency_keys.c.principal == principal, idempotency_keys.c.key == key)
                 if status >= 500:
@@ -209,12 +251,17 @@ class IdempotencyMiddleware:
                 else:
                     headers = {
                         k.decode(): v.decode()
-                        for k, v in captured["headers"]  # type: ignore[union-attr]
+                        for k, v in captured.headers
                         if k.lower() in (b"content-type", b"location", b"etag")
                     }
-                    kept: bytes | None = captured["body"]  # type: ignore[assignment]
-                    if holds_secret(captured["headers"], kept or b""):  # type: ignore[arg-type]
-                        kept, headers = None, {**headers, NOT_KEPT: "secret"}
+                    kept: bytes | None = captured.body
+                    if holds_secret(captured.headers, kept or b""):
+                        redacted = redact_secrets(kept or b"")
+                        if redacted is None:  # nothing to show again without the secret: not kept at all
+                            kept, headers = None, {**headers, NOT_KEPT: "secret"}
+                        else:
+                            kept, paths = redacted
+                            headers = {**headers, SECRET_NOT_SHOWN: ", ".join(paths)}
                     await session.execute(
                         update(idempotency_keys)
                         .where(*where)
@@ -226,8 +273,20 @@ class IdempotencyMiddleware:
 
 NOT_KEPT = "x-gpuaas-response-not-kept"  # in the stored headers of a response whose body was not stored
 # Field names whose values are secrets: a response holding one at any depth is not stored for replay.
+SECRET_NOT_SHOWN = "secret-not-shown-again"  # stored (and replayed) header: the redacted fields, comma-separated
+REDACTED_FIELD = "secret_not_shown_again"  # the replayed body's list of the redacted fields' dotted paths
 SECRET_FIELDS = frozenset(
-    {"client_secret", "secret", "password", "access_token", "refresh_token", "id_token", "private_key", "token"}
+    {
+        "client_secret",
+        "secret",
+        "password",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "private_key",
+        "token",
+        "node_token",
+    }
 )
 
 
@@ -247,13 +306,19 @@ def holds_secret(headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
 
 def _secret_in(doc: Any) -> bool:
     if isinstance(doc, dict):
-        return any((k in SECRET_FIELDS and v) or _secret_in(v) for k, v in doc.items())
+        fields = cast(dict[str, Any], doc)
+        return any((k in SECRET_FIELDS and v) or _secret_in(v) for k, v in fields.items())
     if isinstance(doc, list):
-        return any(_secret_in(v) for v in doc)
+        return any(_secret_in(v) for v in cast(list[Any], doc))
     return False
 
 
-def _not_kept(row: Any) -> Any:
+def _stored_headers(row: Row[Any]) -> dict[str, str]:
+    """The kept response headers of an idempotency row (a JSON column: none while the request runs)."""
+    return cast(dict[str, str], row.response_headers or {})
+
+
+def _not_kept(row: Row[Any]) -> Any:
     return problem_response(
         409,
         "idempotency_response_not_kept",
@@ -262,24 +327,60 @@ def _not_kept(row: Any) -> Any:
         "for replay. Read the resource (or rotate the secret) instead of sending the request again.",
         method=row.method,
         path=row.path,
-        location=(row.response_headers or {}).get("location"),
+        location=_stored_headers(row).get("location"),
     )
 
 
-async def _caller(kit: object, scope: Scope) -> str:
+def redact_secrets(body: bytes) -> tuple[bytes, list[str]] | None:
+    """The JSON object `body` with every secret-named field's value set to null and `secret_not_shown_again`
+    listing their dotted paths; None when there is nothing to redact (not a JSON object, no such field)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    paths: list[str] = []
+    redacted = _redact(cast(dict[str, Any], doc), "", paths)
+    if not paths:
+        return None
+    return json.dumps({**redacted, REDACTED_FIELD: paths}).encode(), paths
+
+
+def _redact(doc: Any, at: str, paths: list[str]) -> Any:
+    if isinstance(doc, dict):
+        out: dict[str, Any] = {}
+        for k, v in cast(dict[str, Any], doc).items():
+            here = f"{at}.{k}" if at else k
+            if k in SECRET_FIELDS and v:
+                out[k] = None
+                paths.append(here)
+            else:
+                out[k] = _redact(v, here, paths)
+        return out
+    if isinstance(doc, list):
+        return [_redact(v, f"{at}[{i}]", paths) for i, v in enumerate(cast(list[Any], doc))]
+    return doc
+
+
+UNVERIFIED = "\0unverified"  # a bearer token that does not verify (never a principal's subject)
+
+
+async def _caller(kit: _Verifying, scope: Scope) -> str | None:
+    """The verified caller's subject; None without a bearer token; UNVERIFIED for one that does not verify."""
     auth = header(scope, b"authorization") or ""
     scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        return "anonymous"
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
     try:
-        principal = await kit.verifier.verify(token.strip())  # type: ignore[attr-defined]
+        principal = await kit.verifier.verify(token.strip())
     except Problem:
-        return "anonymous"  # the route itself answers 401
+        return UNVERIFIED  # the route itself answers 401
     return str(principal.subject)
 
 
 async def _read_body(receive: Receive) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         message = await receive()
         chunks.append(message.get("body", b""))
@@ -287,10 +388,10 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _replay(row: object, send: Send) -> None:
-    headers = [(k.encode(), v.encode()) for k, v in (row.response_headers or {}).items()]  # type: ignore[attr-defined]
+async def _replay(row: Row[Any], send: Send) -> None:
+    headers = [(k.encode(), v.encode()) for k, v in _stored_headers(row).items()]
     headers.append((b"idempotent-replayed", b"true"))
-    body = row.response_body or b""  # type: ignore[attr-defined]
+    body: bytes = row.response_body or b""
     headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": row.status_code, "headers": headers})  # type: ignore[attr-defined]
+    await send({"type": "http.response.start", "status": row.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -5,6 +5,13 @@ A registry does not verify what it serves (a blob overwritten in its storage is 
 under its old digest), so nothing here trusts a registry's word: manifests and blobs are
 downloaded and hashed, and sizes are compared with their descriptors.
 
+Redirects are followed (registries send blob downloads to their storage), but one that leaves the
+registry's own host goes through the outbound guard (`gpuaas.kit.outbound`, as identity's calls to IdPs):
+an address denied by default (loopback, private, link-local such as cloud metadata...) is refused unless
+the operator allows its network, and plain http only to the plain-http hosts; a refusal is TrustError
+`registry_redirect_refused`. The registry a reference names is the operator's (publishers are operators)
+and is reached as configured.
+
 The push helpers (`push_blob`, `push_manifest`, `push_image`, `push_blob_artifact`,
 `push_cosign_signature`) put fixed bytes into a registry without Docker; the catalog seed and the
 tests use them.
@@ -19,7 +26,7 @@ import io
 import json
 import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +34,11 @@ import httpx
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
+from gpuaas.kit.logging import get_logger
+from gpuaas.kit.outbound import OutboundError, OutboundPolicy, PinnedTransport, check_url
+
+log = get_logger(__name__)
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -124,12 +136,50 @@ class SignatureResult:
     detail: str
 
 
-class RegistryClient:
-    """A small OCI distribution API client that hashes everything it is served."""
+MAX_REDIRECTS = 5
 
-    def __init__(self, plain_http_hosts: list[str] | None = None, timeout_s: float = 30.0) -> None:
+
+class _GuardedRedirects(httpx.AsyncBaseTransport):
+    """The registry's own host directly; any other host (a redirect's target) through the outbound guard."""
+
+    def __init__(self, own: httpx.URL, policy: OutboundPolicy) -> None:
+        self.own = (own.host, own.port or _default_port(own.scheme))
+        self.policy = policy
+        self.direct = httpx.AsyncHTTPTransport()  # as before: SSL_CERT_FILE/DIR honoured for the registry
+        self.guarded = PinnedTransport(policy)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if (request.url.host, request.url.port or _default_port(request.url.scheme)) == self.own:
+            return await self.direct.handle_async_request(request)
+        check_url(str(request.url), self.policy)
+        return await self.guarded.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.direct.aclose()
+        await self.guarded.aclose()
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme == "https" else 80
+
+
+class RegistryClient:
+    """A small OCI distribution API client that hashes everything it is served.
+
+    `allowed_networks`: CIDRs a redirect may lead to although denied by default (e.g. the storage of a
+    registry inside the company network)."""
+
+    def __init__(
+        self,
+        plain_http_hosts: list[str] | None = None,
+        timeout_s: float = 30.0,
+        allowed_networks: Sequence[str] = (),
+    ) -> None:
         self.plain_http_hosts = set(plain_http_hosts or [])
         self.timeout_s = timeout_s
+        self.redirect_policy = OutboundPolicy(
+            allowed_networks=tuple(allowed_networks), plain_http_hosts=tuple(self.plain_http_hosts)
+        )
 
     def base_url(self, registry: str) -> str:
         host = registry.rsplit(":", 1)[0] if not registry.endswith("]") else registry
@@ -137,7 +187,14 @@ class RegistryClient:
         return f"{scheme}://{registry}"
 
     def _client(self, registry: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base_url(registry), timeout=self.timeout_s, follow_redirects=True)
+        base = httpx.URL(self.base_url(registry))
+        return httpx.AsyncClient(
+            base_url=base,
+            timeout=self.timeout_s,
+            follow_redirects=True,
+            max_redirects=MAX_REDIRECTS,
+            transport=_GuardedRedirects(base, self.redirect_policy),
+        )
 
     # ------------------------------------------------------------------------------- verification
 
@@ -188,6 +245,8 @@ class RegistryClient:
                 artifact_type = manifest.get("artifactType") or (manifest.get("config") or {}).get("mediaType")
                 detail.append(f"manifest and {blobs} blobs hashed ({size} bytes)")
                 return Verified(ref, media_type or OCI_MANIFEST, artifact_type, size, blobs, manifest, detail)
+        except OutboundError as exc:
+            raise _redirect_refused(ref.registry, exc) from exc
         except httpx.TransportError as exc:
             raise TrustError(
                 "registry_unreachable", f"the registry {ref.registry} cannot be reached: {exc}", status=503
@@ -289,6 +348,8 @@ class RegistryClient:
                         continue
                     return SignatureResult(True, f"cosign signature over {ref.digest} verified with the given key")
                 return SignatureResult(False, "no signature in the registry verifies with the given key")
+        except OutboundError as exc:
+            raise _redirect_refused(ref.registry, exc) from exc
         except httpx.TransportError as exc:
             raise TrustError(
                 "registry_unreachable", f"the registry {ref.registry} cannot be reached: {exc}", 503
@@ -420,6 +481,16 @@ class RegistryClient:
         await self.push_manifest(
             ref.registry, ref.repository, manifest, OCI_MANIFEST, ref.digest.replace(":", "-") + ".sig"
         )
+
+
+def _redirect_refused(registry: str, exc: OutboundError) -> TrustError:
+    # The guard's reason (address, port) is for the operator's log, not the caller: a generic refusal.
+    log.warning("registry_redirect_refused", registry=registry, reason=exc.reason, detail=exc.detail)
+    return TrustError(
+        "registry_redirect_refused",
+        f"the registry {registry} redirected to a location the catalog may not reach (registry_allowed_networks)",
+        502,
+    )
 
 
 def _raise_for_registry(resp: httpx.Response, what: str) -> None:

@@ -27,7 +27,9 @@ async def start_runtime(kit: KitRuntime) -> None:
     settings = kit.settings_as(Settings)
     metrics = kit.metrics.business_as(CatalogMetrics)
     kit.state = CatalogRuntime(
-        registry=RegistryClient(settings.registry_plain_http, settings.registry_timeout_s),
+        registry=RegistryClient(
+            settings.registry_plain_http, settings.registry_timeout_s, settings.registry_allowed_networks
+        ),
         verifications=metrics.verifications,
         transitions=metrics.transitions,
     )

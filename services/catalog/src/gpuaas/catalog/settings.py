@@ -13,3 +13,6 @@ class Settings(ServiceSettings):
     # Registries reached over plain HTTP (loopback dev/test registries); everything else is HTTPS.
     registry_plain_http: list[str] = ["127.0.0.1", "localhost", "[::1]"]
     registry_timeout_s: float = 30.0
+    # CIDRs a registry's redirect (to its blob storage, another host) may lead to although denied by default
+    # (loopback, private, link-local, shared, multicast, reserved: gpuaas.kit.outbound). Default: none.
+    registry_allowed_networks: list[str] = []

@@ -48,7 +48,13 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.typing import Subprotocol
 
 from gpuaas.gateway.app_origins import AppOrigins
-from gpuaas.gateway.edge import HOP_BY_HOP, client_ip, downstream_response_headers, render_problem
+from gpuaas.gateway.edge import (
+    HOP_BY_HOP,
+    client_ip,
+    downstream_response_headers,
+    is_forwarding_header,
+    render_problem,
+)
 from gpuaas.gateway.runtime import GatewayRuntime, runtime
 from gpuaas.kit import workload_tokens
 from gpuaas.kit.auth import Principal
@@ -192,8 +198,8 @@ def _upstream_headers(
     out: list[tuple[str, str]] = []
     for k, v in raw:
         name = k.decode("latin-1").lower()
-        if name in _DROP_UP or name in drop or name == up.header:
-            continue
+        if name in _DROP_UP or name in drop or name == up.header or is_forwarding_header(name):
+            continue  # a client's own X-Forwarded-*/Forwarded never reach the workload (issue 28)
         out.append((name, v.decode("latin-1")))
     cookies = [c for c in _cookie_pairs(raw) if not c.startswith(f"{COOKIE}=")]
     if cookies:

@@ -40,6 +40,14 @@ HOP_BY_HOP = frozenset(
     }
 )
 _FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-correlation-id", "host"})
+# Headers that claim where a request came from: only the gateway says that to a service (it sets
+# X-Forwarded-For/-Proto/-Host itself), so a client's own are never passed on (issue 28).
+CLIENT_FORWARDING = frozenset({"forwarded", "x-real-ip", "x-client-ip", "true-client-ip", "x-original-forwarded-for"})
+
+
+def is_forwarding_header(name: str) -> bool:
+    """A header (lower-case name) by which a client could claim another origin: Forwarded, X-Forwarded-*..."""
+    return name in CLIENT_FORWARDING or name.startswith("x-forwarded-")
 
 
 class RateLimited(TooManyRequests):
@@ -160,7 +168,8 @@ def upstream_request_headers(
     X-Forwarded-For is the chain cut to start at the client's address (`forwarded_chain`): hops a client
     wrote itself never reach a service (whose audit records and login throttle read the chain); from a
     peer that is not a trusted proxy, only the peer. X-Forwarded-Proto/-Host are believed only from a
-    trusted proxy.
+    trusted proxy. Every other forwarding header (Forwarded, X-Real-IP, X-Forwarded-Port/-Prefix...) is
+    dropped: a service reads the client's origin only from what the gateway set.
 
     Authorization passes through unchanged; a token that came as ?access_token= is sent as a header.
     """
@@ -172,7 +181,7 @@ def upstream_request_headers(
         name, value = k.decode("latin-1").lower(), v.decode("latin-1")
         if name in _FORWARDED:
             seen.setdefault(name, []).append(value)
-        elif name not in skip:
+        elif name not in skip and not is_forwarding_header(name):
             out.append((name, value))
     host = (seen.get("host") or [""])[0]
     trusted_peer = is_trusted(peer, trusted)

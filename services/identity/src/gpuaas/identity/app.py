@@ -9,6 +9,7 @@ from gpuaas.identity.api import routers
 from gpuaas.identity.handlers import subscriptions
 from gpuaas.identity.idp import IdpMetadata
 from gpuaas.identity.models import metadata
+from gpuaas.identity.reconciler import reverify_domains
 from gpuaas.identity.runtime import IdentityRuntime
 from gpuaas.identity.service import users
 from gpuaas.identity.settings import Settings
@@ -56,6 +57,7 @@ SPEC = ServiceSpec(
     versions_dir=Path(__file__).parent / "migrations" / "versions",
     metadata=metadata,
     on_startup=[_bootstrap],
+    background=[reverify_domains],
     secrets_at_rest=True,
     description="Tenants, projects, users, memberships, service accounts, tokens and the audit store.",
 )

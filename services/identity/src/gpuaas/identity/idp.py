@@ -14,12 +14,12 @@ Every function here talks to the network: callers run them between transactions,
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from joserfc import jwt
 from joserfc.errors import JoseError
-from joserfc.jwk import KeySet
+from joserfc.jwk import KeySet, KeySetSerialization
 
 from gpuaas.kit.errors import Problem
 from gpuaas.kit.logging import get_logger
@@ -83,7 +83,7 @@ class IdpMetadata:
             return hit[1]
         doc = await self.document(issuer)
         try:
-            keyset = KeySet.import_key_set(await self.get_json(issuer, doc["jwks_uri"]))
+            keyset = KeySet.import_key_set(cast(KeySetSerialization, await self.get_json(issuer, doc["jwks_uri"])))
         except (JoseError, ValueError, TypeError, KeyError) as exc:
             raise unreachable(issuer, "jwks_invalid", exc.__class__.__name__) from exc
         self._jwks[issuer] = (time.monotonic(), keyset)

@@ -24,12 +24,23 @@ class Settings(ServiceSettings):
     # Origins besides public_url's that may receive an SSO result (a console served elsewhere).
     # The CLI's loopback listener (http://127.0.0.1:<port>/...) is always allowed.
     sso_return_origins: list[str] = []
-    # Brute-force protection (service/throttle.py), over a sliding window: per source address (any account),
-    # and per account from one source address (a backoff; the account itself is never locked).
+    # Brute-force protection (service/throttle.py), over a sliding window: per source address (any account;
+    # accounts that signed in from that address within known_source_ttl_s are exempt), and per account from
+    # one source address (a backoff; the account itself is never locked). Failures of one account from one
+    # address that start a backoff.
     lockout_threshold: int = 5
+    # The sliding window of failed logins counted (per address, per account from an address).
     lockout_window_s: int = 900
+    # The first backoff of an account from one address; each further one within backoff_memory_s doubles it.
     lockout_s: int = 300
+    # The longest backoff.
+    lockout_max_s: int = 6 * 3600
+    # How long backoffs are remembered for doubling (a successful login from the address forgets them).
+    backoff_memory_s: int = 24 * 3600
+    # Failed logins from one source address (any account) in the window that refuse its further logins.
     source_threshold: int = 50
+    # An account that signed in from an address this recently is exempt from that address's throttle.
+    known_source_ttl_s: int = 30 * 24 * 3600
     # Proxies whose X-Forwarded-For is believed (the gateway, a load balancer): addresses or CIDR networks.
     # The caller is the right-most hop that is not one of them.
     trusted_proxies: list[str] = ["127.0.0.1", "::1"]
@@ -48,6 +59,11 @@ class Settings(ServiceSettings):
     dns_nameservers: list[str] = []
     # Timeout of one DNS lookup (all servers tried) through `dns_nameservers`.
     dns_timeout_s: float = 3.0
+    # Domain proofs do not last for ever: a DNS-proven domain's TXT record is looked up again once its proof
+    # is this old; gone, the domain is unverified (service/domain_proofs.py).
+    domain_reverify_after_s: int = 24 * 3600
+    # How often the re-verification loop looks for due proofs (0: never).
+    domain_reverify_every_s: float = 600.0
     # First platform operator, created at first start when no user has this email.
     bootstrap_admin_email: str | None = None
     bootstrap_admin_password: SecretStr | None = None

@@ -11,5 +11,6 @@ view models of `views`.
 - `logins`: the password and client-credentials grants · `throttle`: brute-force protection
 - `sessions`: sessions and rotating refresh tokens, logout
 - `federation`: tenants' identity providers, account-type discovery · `sso`: SSO login and linking
+- `domain_proofs`: re-verifying proven email domains (run by `reconciler`)
 - `oidc_provider`: identity as an OpenID provider · `audit_store`: reading the audit trail
 """

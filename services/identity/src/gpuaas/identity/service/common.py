@@ -50,7 +50,8 @@ async def record_change(
         resource_id=resource_id,
         before=before,
         after=state.model_dump(mode="json") if after is None else after,
-        **scope,
+        tenant_id=scope.get("tenant_id"),
+        project_id=scope.get("project_id"),
     )
 
 

@@ -36,6 +36,7 @@ from gpuaas.identity.service.common import record_change
 from gpuaas.identity.settings import Settings
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
+from gpuaas.kit.db import rows_affected
 from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Problem, Unprocessable
 from gpuaas.kit.outbound import address_allowed, plain_http_allowed
 
@@ -224,7 +225,7 @@ async def verify_domain(
             )
             .values(verified_at=func.now(), verified_by="dns")
         )
-        if done.rowcount != 1:  # the claim went away meanwhile (another IdP proved it and dropped ours)
+        if rows_affected(done) != 1:  # the claim went away meanwhile (another IdP proved it and dropped ours)
             raise Conflict(f"{domain} is already owned by another identity provider", code="domain_taken")
         await _drop_rival_claims(session, idp_id, [domain])
         await audit.record(

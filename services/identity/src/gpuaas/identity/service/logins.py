@@ -91,7 +91,7 @@ async def password_login(
 ) -> views.TokenResponse:
     row = await authenticate_password(sessions_, settings, email=email, password=password, client=client, clock=clock)
     async with sessions_() as session, session.begin():
-        await throttle.clear_account(session, email, client.ip)
+        await throttle.clear_account(session, settings, email, client.ip, clock())
         return await open_session(session, settings, user=row, method="password", client=client)
 
 

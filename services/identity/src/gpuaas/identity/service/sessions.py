@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Row, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gpuaas.contracts import Actor, new_event_id
+from gpuaas.contracts import Actor, ActorKind, new_event_id
 from gpuaas.contracts.events import identity as identity_events
 from gpuaas.identity import SERVICE, keys
 from gpuaas.identity.credentials import Client, new_secret, now, token_hash
@@ -52,7 +52,7 @@ async def open_session(
     await audit.record(
         session,
         service=SERVICE,
-        actor=Actor(kind="user", id=str(user.user_id)),
+        actor=Actor(kind=ActorKind.user, id=str(user.user_id)),
         action="identity.session.create",
         resource_type="session",
         resource_id=session_id,
@@ -108,6 +108,7 @@ async def refresh(
     reuse (a stolen copy or a replay): the whole session is revoked and the caller must log in again."""
     # Refusals that revoke something are raised only after the revocation has committed.
     refusal: Problem | None = None
+    grant: views.TokenResponse | None = None
     async with sessions_() as session, session.begin():
         row = (
             await session.execute(
@@ -145,6 +146,7 @@ async def refresh(
                 grant = await _token_grant(session, settings, user, row.session_id, new)
     if refusal is not None:
         raise refusal
+    assert grant is not None  # every path that does not refuse grants
     return grant
 
 

@@ -267,6 +267,7 @@ async def exchange_login_code(
     starting client's S256 challenge: a missing or wrong `code_verifier` is `invalid_grant` too, and the
     code is spent all the same (committed before the refusal), so a code seen in a URL cannot be tried
     again, not even with the right verifier afterwards."""
+    grant_: views.TokenResponse | None = None  # None when refused
     async with sessions_() as session, session.begin():
         row = (
             await session.execute(
@@ -297,7 +298,7 @@ async def exchange_login_code(
             if user.status != "active":
                 raise Forbidden("this account is disabled", code="account_disabled")
             grant_ = await open_session(session, settings, user=user, method="sso", client=client, idp_id=row.idp_id)
-    if refused:  # raised only now: the code's spending (and the audit record) above are committed
+    if grant_ is None:  # refused, raised only now: the code's spending (and the audit record) above are committed
         raise Problem(
             "the code_verifier is missing or does not match the code_challenge this sign-in started with; "
             "the login code is spent: sign in again",
