@@ -20,6 +20,7 @@ from typing import Any
 import asyncssh
 import pytest
 
+from gpuaas.contracts.agent import TaskLease
 from gpuaas.node_agent.agent import Agent
 from gpuaas.node_agent.settings import AgentSettings
 
@@ -88,7 +89,11 @@ class Host:
         }
 
     async def task(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
-        return await self.agent.execute({"task_id": str(uuid.uuid4()), "kind": kind, "payload": payload})
+        """Run one task as the agent receives it from the control plane (the lease parsed by the protocol
+        contract); its result as it goes on the wire."""
+        lease = TaskLease.model_validate({"task_id": str(uuid.uuid4()), "kind": kind, "payload": payload})
+        result = await self.agent.execute(lease)
+        return result.model_dump(mode="json", exclude_unset=True)
 
     async def ssh(
         self, username: str, command: str, timeout: float = 60, term_type: str | None = None

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from gpuaas.contracts.agent import TaskLease
 from gpuaas.node_agent.agent import Agent
 from gpuaas.node_agent.gpus import discover
 from gpuaas.node_agent.settings import AgentSettings
@@ -17,7 +18,9 @@ async def main(settings_file: Path, task_file: Path) -> None:
     settings = AgentSettings(**json.loads(settings_file.read_text()))
     agent = Agent(settings)
     agent.driver.set_inventory(*discover("", settings.gpus, False))
-    print(json.dumps(await agent.execute(json.loads(task_file.read_text()))), flush=True)
+    lease = TaskLease.model_validate_json(task_file.read_text())
+    result = await agent.execute(lease)
+    print(result.model_dump_json(exclude_unset=True), flush=True)
 
 
 if __name__ == "__main__":

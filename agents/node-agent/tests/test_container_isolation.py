@@ -79,8 +79,9 @@ async def test_escaped_processes_do_not_survive_release(container_host: Host, ru
 async def test_two_tenants_are_isolated(container_host: Host, runtime: dict[str, str]) -> None:
     h = container_host
     limits = {"cpus": 0.5, "memory_mb": 128, "pids": 64}
-    a = h.payload("anna", [0], runtime, limits, [{"volume_id": "vol-a", "mount_path": "/data"}])
-    b = h.payload("bert", [1], runtime, limits, [{"volume_id": "vol-b", "mount_path": "/data"}])
+    vol_a, vol_b = str(uuid.uuid4()), str(uuid.uuid4())  # volume ids are the control plane's UUIDs
+    a = h.payload("anna", [0], runtime, limits, [{"volume_id": vol_a, "mount_path": "/data"}])
+    b = h.payload("bert", [1], runtime, limits, [{"volume_id": vol_b, "mount_path": "/data"}])
     await asyncio.gather(h.task("provision", a), h.task("provision", b))
     await h.ssh("bert", "echo b-home-xyz > ~/notes; echo b-vol-xyz > /data/notes; nohup sleep 777 >/dev/null 2>&1 &")
     b_pids = host_pids_in_container(container_name(b["allocation_id"]))
@@ -91,7 +92,7 @@ async def test_two_tenants_are_isolated(container_host: Host, runtime: dict[str,
         "b_process_visible": "ps -eo args | grep -c '[s]leep 777'",
         "kill_b": "; ".join(f"kill -9 {pid} 2>/dev/null && echo killed-{pid}" for pid in b_pids) + "; echo done",
         "b_home": f"cat {b_ws.home}/notes /home/bert/notes 2>&1 | grep -c b-home-xyz || true",
-        "b_volume": f"cat {h.agent.workspaces.volumes_root}/vol-b/notes 2>&1 | grep -c b-vol-xyz || true",
+        "b_volume": f"cat {h.agent.workspaces.volumes_root}/{vol_b}/notes 2>&1 | grep -c b-vol-xyz || true",
         "devices": "ls /dev | grep nvidia | tr '\\n' ' '",
         "agent_state": f"ls {state} {token_file} 2>&1 | grep -vc 'No such file' || true",
         "host_root": "sudo -n sh -c 'cat /proc/1/cmdline; echo; ls /proc | grep -c ^[0-9]'",
@@ -107,7 +108,7 @@ async def test_two_tenants_are_isolated(container_host: Host, runtime: dict[str,
     assert seen["b_home"] == "0" and seen["b_volume"] == "0", seen
     assert seen["devices"] == "nvidia0", seen
     assert seen["agent_state"] == "0", seen
-    assert "gpuaas-init" in seen["host_root"], seen  # PID 1 is the container's own init, not the host's
+    assert "--gpuaas-serve" in seen["host_root"], seen  # PID 1 is the container's own (sudo broker), not the host's
     assert int(seen["host_root"].split()[-1]) < 20, seen
     assert seen["ssh_port"] == "closed" and seen["loopback"] == "closed", seen
     assert (await h.ssh("bert", "cat ~/notes /data/notes")).stdout.split() == ["b-home-xyz", "b-vol-xyz"]

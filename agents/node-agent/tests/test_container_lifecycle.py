@@ -4,6 +4,7 @@ resize changes devices -> release leaves no container, mount or directory, and s
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import asyncssh
@@ -17,7 +18,7 @@ pytestmark = needs_podman
 
 async def test_provision_exec_restart_resize_release(container_host: Host, runtime: dict[str, str]) -> None:
     h = container_host
-    vol = {"volume_id": "vol-lifecycle", "mount_path": "/data"}
+    vol = {"volume_id": str(uuid.uuid4()), "mount_path": "/data"}
     p = h.payload("alice", [1], runtime, {"cpus": 1, "memory_mb": 256, "pids": 200}, [vol])
     result = await h.task("provision", p)
     assert result["username"] == "alice" and result["driver"] == "container"
@@ -42,7 +43,7 @@ async def test_provision_exec_restart_resize_release(container_host: Host, runti
     assert tty.stdout.split()[1:] == ["xterm-256color", "alice"], tty.stdout
     ws = h.agent.workspaces.get(p["allocation_id"])
     assert os.stat(ws.home / "file").st_uid == uid_map[1] + 1000  # the mapped uid owns the files on the host
-    assert (h.agent.workspaces.volumes_root / "vol-lifecycle" / "file").read_text() == "vol\n"
+    assert (h.agent.workspaces.volumes_root / vol["volume_id"] / "file").read_text() == "vol\n"
 
     # Restart: processes are gone, the workspace, keys and volumes are kept.
     await h.ssh("alice", "nohup sleep 600 >/dev/null 2>&1 & echo started")

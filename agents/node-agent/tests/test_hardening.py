@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -68,10 +69,11 @@ async def test_provision_and_release_do_not_follow_links_in_home(process_host: H
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("keep")
-    p = h.payload("uma", [0], volumes=[{"volume_id": "vol-u", "mount_path": "/data/vol"}])
+    vol = str(uuid.uuid4())
+    p = h.payload("uma", [0], volumes=[{"volume_id": vol, "mount_path": "/data/vol"}])
     await h.task("provision", p)
     ws = h.agent.workspaces.get(p["allocation_id"])
-    assert (ws.home / "data" / "vol").resolve() == h.agent.workspaces.volumes_root / "vol-u"
+    assert (ws.home / "data" / "vol").resolve() == h.agent.workspaces.volumes_root / vol
     # The user swaps ~/.gpuaas and ~/data for links out of the allocation, then asks for a resize.
     os.unlink(ws.home / ".gpuaas")
     (ws.home / ".gpuaas").symlink_to(outside / "keep")
@@ -83,4 +85,4 @@ async def test_provision_and_release_do_not_follow_links_in_home(process_host: H
     assert (outside / "keep").read_text() == "keep" and sorted(x.name for x in outside.iterdir()) == ["keep"]
     await h.task("release", p)
     assert (outside / "keep").read_text() == "keep"
-    assert (h.agent.workspaces.volumes_root / "vol-u").is_dir()  # a volume's data outlives the release
+    assert (h.agent.workspaces.volumes_root / vol).is_dir()  # a volume's data outlives the release

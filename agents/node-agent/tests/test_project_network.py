@@ -48,7 +48,7 @@ def networks() -> set[str]:
 
 
 def host_blocks() -> str:
-    return iptables("-S", "INPUT")
+    return iptables("-S", "GPUAAS-INPUT")
 
 
 def iptables(*args: str, check: bool = False) -> str:
@@ -116,8 +116,8 @@ async def test_project_members_reach_each_other_and_nothing_else(
     await h2.task("release", a2)
     await h1.task("release", b1)
     assert not {net_p, net_q} & networks()
-    blocks = host_blocks()
-    assert f"gpuaas-host-block-{net_p[9:21]}" not in blocks and f"gpuaas-host-block-{net_q[9:21]}" not in blocks
+    blocks = iptables("-S")
+    assert f"gpuaas-net-{net_p[9:]}" not in blocks and f"gpuaas-net-{net_q[9:]}" not in blocks
 
 
 async def test_payload_without_project_keeps_the_user_mode_network(
@@ -131,24 +131,27 @@ async def test_payload_without_project_keeps_the_user_mode_network(
     await container_host.task("release", p)
 
 
-async def test_prune_drops_host_blocks_whose_network_is_gone() -> None:
-    """A killed agent (or an operator's `podman network rm`) leaves its REJECT rule behind, matched by an
-    interface name podman will give the next network; prune deletes it and keeps a live network's rule."""
+async def test_reconcile_drops_rules_whose_network_is_gone() -> None:
+    """A killed agent (or an operator's `podman network rm`) leaves its rules behind, matched by an interface
+    name podman will give the next network (and earlier agents' INPUT host blocks); reconciling at start
+    deletes them and keeps a live network's rules."""
     nets = ProjectNetworks(Podman(containers_conf=str(CONTAINERS_CONF)))
     live = network_name(str(uuid.uuid4()))
     assert live
-    orphan = ["INPUT", "-i", "gpuaas-gone0", "-m", "comment", "--comment", "gpuaas-host-block-0rphan000000", "-j"]
-    iptables("-I", *orphan, "REJECT", check=True)
+    legacy = ["INPUT", "-i", "gpuaas-gone1", "-m", "comment", "--comment", "gpuaas-host-block-0rphan000000", "-j"]
     try:
         async with nets.locked(live):
             await nets.ensure(live)
-        assert "gpuaas-host-block-0rphan000000" in host_blocks()
-        assert await nets.drop_orphan_blocks() >= 1
-        blocks = host_blocks()
-        assert "gpuaas-host-block-0rphan000000" not in blocks
-        assert f"gpuaas-host-block-{live[9:21]}" in blocks  # the live network keeps its block
+        await nets.firewall.attach("0rphan", "gpuaas-gone0")  # as a network removed behind the agent's back
+        iptables("-I", *legacy, "REJECT", check=True)
+        assert "gpuaas-net-0rphan" in iptables("-S") and "gpuaas-host-block-0rphan000000" in iptables("-S")
+        report = await nets.reconcile_host()
+        assert "0rphan" in report["rules_dropped"]
+        rules = iptables("-S")
+        assert "gpuaas-net-0rphan" not in rules and "gpuaas-host-block-0rphan000000" not in rules
+        assert f"gpuaas-net-{live[9:]}" in host_blocks()  # the live network keeps its rules
     finally:
-        iptables("-D", *orphan, "REJECT")
+        iptables("-D", *legacy, "REJECT")
         async with nets.locked(live):
             await nets.remove_if_unused(live)
-    assert f"gpuaas-host-block-{live[9:21]}" not in host_blocks() and live not in networks()
+    assert await nets.leftovers(live) == [] and live not in networks()

@@ -60,10 +60,10 @@ def test_meta_is_the_envelope_without_the_payload() -> None:
 
 def test_the_subscriber_is_a_manual_ack_batch_on_the_prefixed_topics_and_documented() -> None:
     broker = KafkaBroker("localhost:9092")
-    inbox = PgInbox(lambda: None, schema="warehouse", consumer="loader")  # type: ignore[arg-type,return-value]
+    inbox = PgInbox(lambda: None, schema="warehouse", consumer="loader")
 
     @event_subscriber(broker, BILLING, USAGE, group="loader", prefix="prod.", inbox=inbox, max_records=100)
-    async def load(conn, events) -> None:  # type: ignore[no-untyped-def]
+    async def load(conn, events) -> None:
         """Load usage and charges."""
 
     [sub] = list(broker.subscribers)
@@ -74,7 +74,7 @@ def test_the_subscriber_is_a_manual_ack_batch_on_the_prefixed_topics_and_documen
     schemas = json.dumps(doc["components"]["schemas"])
     assert "ChargePosted" in schemas and "UsageRecorded" in schemas
     with pytest.raises(ValueError, match="identifier"):
-        PgInbox(lambda: None, schema="Bad-Name", consumer="x")  # type: ignore[arg-type,return-value]
+        PgInbox(lambda: None, schema="Bad-Name", consumer="x")
 
 
 def test_packaged_documents_are_found_in_a_source_checkout() -> None:

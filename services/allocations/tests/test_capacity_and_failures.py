@@ -11,6 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from gpuaas.contracts.agent import AgentResult, TaskCompletion, TaskLease
 from gpuaas.kit.testing import wait_for
 from gpuaas.node_agent.agent import Agent
 
@@ -184,15 +185,18 @@ async def test_agent_restart_loses_and_repeats_nothing(world: World, monkeypatch
         tasks = (await c.get("/agent/tasks", params={"wait_s": 2})).json()
     assert [t["kind"] for t in tasks] == ["provision"]
     crashed.ssh_port = agent.ssh_port
-    outcome = await crashed.execute(tasks[0])
-    crashed.journal.put(tasks[0]["task_id"], {"ok": True, "message": "done", "result": outcome})
+    lease = TaskLease.model_validate(tasks[0])
+    outcome = await crashed.execute(lease)
+    # Journaled without the result's `kind`, as an agent before the typed protocol did: the replay still applies.
+    result = outcome.model_dump(mode="json", exclude_unset=True)
+    crashed.journal.put(str(lease.task_id), TaskCompletion(ok=True, message="done", result=result))
     await crashed.client.aclose()
     executed: list[str] = []
     original = Agent.execute
 
-    async def counting(self: Agent, task: dict) -> dict:
-        executed.append(task["kind"])
-        return await original(self, task)
+    async def counting(self: Agent, lease: TaskLease) -> AgentResult:
+        executed.append(lease.kind)
+        return await original(self, lease)
 
     monkeypatch.setattr(Agent, "execute", counting)
     restarted = await w.start_agent(host["node_token"], "gpu-1")

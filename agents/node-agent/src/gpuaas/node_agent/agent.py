@@ -18,13 +18,43 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
+from pydantic import ValidationError
 
+from gpuaas.contracts.agent import (
+    TASK_TYPES,
+    AgentRegistered,
+    AgentRegistration,
+    AgentResult,
+    AttachVolumeResult,
+    AttachVolumeTask,
+    DetachVolumeResult,
+    DetachVolumeTask,
+    NetworkInfo,
+    ProvisionResult,
+    ProvisionTask,
+    ReleaseEvidence,
+    ReleaseResult,
+    ReleaseTask,
+    ResizeResult,
+    ResizeTask,
+    RestartResult,
+    RestartTask,
+    SyncSshKeysResult,
+    SyncSshKeysTask,
+    TaskCompletion,
+    TaskInput,
+    TaskLease,
+    TaskProgress,
+    WorkloadReport,
+    complete_table,
+)
 from gpuaas.node_agent import __version__
 from gpuaas.node_agent.drivers import choose
 from gpuaas.node_agent.gpus import discover
@@ -57,19 +87,32 @@ async def wait_or_stop(stopping: asyncio.Event, seconds: float) -> bool:
     return stopping.is_set()
 
 
+def _reportable(message: str) -> str:
+    """A message the service accepts (`Text`): no control characters but newline and tab, at most 4000."""
+    return "".join(ch if ch in "\n\t" or ch.isprintable() else "?" for ch in message)[:4000]
+
+
 class Journal:
+    """Each reported task's outcome (the completion body), kept across restarts until reported."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text())
+            self.entries: dict[str, object] = json.loads(path.read_text())
         except (OSError, ValueError):
             self.entries = {}
 
-    def get(self, task_id: str) -> dict[str, Any] | None:
-        return self.entries.get(task_id)
+    def get(self, task_id: str) -> TaskCompletion | None:
+        entry = self.entries.get(task_id)
+        if entry is None:
+            return None
+        try:
+            return TaskCompletion.model_validate(entry)
+        except ValidationError:  # unreadable (hand-edited, say): the task runs again, as every task is idempotent
+            return None
 
-    def put(self, task_id: str, outcome: dict[str, Any]) -> None:
-        self.entries[task_id] = outcome
+    def put(self, task_id: str, outcome: TaskCompletion) -> None:
+        self.entries[task_id] = outcome.model_dump(mode="json", exclude_unset=True)
         if len(self.entries) > JOURNAL_KEEP:
             for k in list(self.entries)[: len(self.entries) - JOURNAL_KEEP]:
                 del self.entries[k]
@@ -94,7 +137,7 @@ class Agent:
         self.endpoint = Endpoint(
             self.workspaces, self.driver, self.state_dir / "ssh_host_ed25519_key", lambda: self.ca_public_key
         )
-        self.reconciled: dict[str, Any] = {}
+        self.reconciled: dict[str, Any] = {}  # the driver's report, logged and sent with the registration
         self.client = httpx.AsyncClient(
             base_url=settings.server_url.rstrip("/"),
             headers={"Authorization": f"Bearer {read_node_token(settings)}"},
@@ -119,7 +162,7 @@ class Agent:
 
     @staticmethod
     def _parse_failures(spec: str) -> dict[str, int]:
-        out = {}
+        out: dict[str, int] = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
             kind, _, n = part.partition(":")
             out[kind] = int(n or 1)
@@ -165,36 +208,36 @@ class Agent:
     async def register(self) -> None:
         gpus, source = await asyncio.to_thread(discover, self.s.nvidia_smi, self.s.gpus, self.s.prefer_nvidia_smi)
         self.driver.set_inventory(gpus, source)
-        body = {
-            "agent_version": __version__,
-            "gpus": [g.model_dump(mode="json") for g in gpus],
-            "inventory_source": source,
-            "ssh_host": self.s.ssh_advertise_host or self.s.ssh_bind,
-            "ssh_port": self.ssh_port,
-            "driver": self.driver.name,
-            "isolates_tenants": self.driver.isolates_tenants,
-            "cpu_count": os.cpu_count() or 1,
-            "memory_mb": _memory_mb(),
-            "ssh_host_key": self.endpoint.host_public_key,
-            "reconciled": self.reconciled,
-        }
+        body = AgentRegistration.model_validate(
+            {
+                "agent_version": __version__,
+                "gpus": gpus,
+                "inventory_source": source,
+                "ssh_host": self.s.ssh_advertise_host or self.s.ssh_bind,
+                "ssh_port": self.ssh_port,
+                "driver": self.driver.name,
+                "isolates_tenants": self.driver.isolates_tenants,
+                "cpu_count": os.cpu_count() or 1,
+                "memory_mb": _memory_mb() or None,
+                "ssh_host_key": self.endpoint.host_public_key,
+                "reconciled": json.loads(json.dumps(self.reconciled, default=str)),
+            }
+        )
         delay = 0.5
         while not self.stopping.is_set():
             try:
-                r = await self.client.post("/agent/register", json=body)
+                r = await self.client.post("/agent/register", json=body.model_dump(mode="json", exclude_none=True))
                 if r.status_code == 200:
-                    data = r.json()
-                    self.host_id = data["host_id"]
-                    self.ca_public_key = data["ssh_ca_public_key"]
-                    self.heartbeat_interval = float(data.get("heartbeat_interval_s") or self.s.heartbeat_interval_s)
+                    data = AgentRegistered.model_validate_json(r.content)
+                    self.host_id = str(data.host_id)
+                    self.ca_public_key = data.ssh_ca_public_key
+                    self.heartbeat_interval = data.heartbeat_interval_s or self.s.heartbeat_interval_s
                     self.registered.set()
-                    log.info(
-                        "registered as host %s (%s, %d GPUs from %s)", data["name"], self.host_id, len(gpus), source
-                    )
+                    log.info("registered as host %s (%s, %d GPUs from %s)", data.name, self.host_id, len(gpus), source)
                     return
                 log.error("registration refused: %s %s", r.status_code, r.text[:300])
-            except httpx.HTTPError as exc:
-                log.warning("allocations unreachable: %s", exc)
+            except (httpx.HTTPError, ValidationError) as exc:
+                log.warning("allocations unreachable or answering out of protocol: %s", exc)
             await wait_or_stop(self.stopping, delay)
             delay = min(delay * 2, 10)
 
@@ -212,39 +255,59 @@ class Agent:
             try:
                 r = await self.client.get("/agent/tasks", params={"wait_s": self.s.long_poll_s})
                 r.raise_for_status()
-                tasks = r.json()
-            except httpx.HTTPError as exc:
+                answer: object = r.json()
+                if not isinstance(answer, list):
+                    raise ValueError("the task poll answered no list")
+                leased = cast(list[object], answer)
+            except (httpx.HTTPError, ValueError) as exc:
                 log.warning("task poll failed: %s", exc)
                 await wait_or_stop(self.stopping, 1)
                 continue
-            for task in tasks:
-                await self.handle(task)
+            for raw in leased:
+                await self.handle_raw(raw)
 
     # ------------------------------------------------------------------------------------------ tasks
 
-    async def handle(self, task: dict[str, Any]) -> None:
-        task_id = task["task_id"]
+    async def handle_raw(self, raw: object) -> None:
+        """One leased task as it arrived: a task this agent cannot read (a kind added after it, a malformed
+        payload) is reported failed with the reason, as the control plane expects of an older agent."""
+        try:
+            lease = TaskLease.model_validate(raw)
+        except ValidationError as exc:
+            fields = cast(dict[str, object], raw) if isinstance(raw, dict) else {}
+            task_id, kind = fields.get("task_id"), fields.get("kind")
+            log.error("cannot read task %s (%s): %s", task_id, kind, exc)
+            if isinstance(task_id, str):
+                reason = f"this agent ({__version__}) cannot read task kind {kind!r}: {exc.errors()[0]['msg']}"
+                await self._report(task_id, TaskCompletion(ok=False, message=_reportable(reason)))
+            return
+        await self.handle(lease)
+
+    async def handle(self, lease: TaskLease) -> None:
+        task_id = str(lease.task_id)
         outcome = self.journal.get(task_id)
         if outcome is None:
             started = time.monotonic()
             try:
-                result = await self.execute(task)
-                outcome = {
-                    "ok": True,
-                    "message": f"{task['kind']} done in {time.monotonic() - started:.2f}s",
-                    "result": result,
-                }
+                result = await self.execute(lease)
+                outcome = TaskCompletion(
+                    ok=True,
+                    message=f"{lease.kind} done in {time.monotonic() - started:.2f}s",
+                    # what was set, and always the kind (the service reads a result without one by the task's)
+                    result={"kind": result.kind, **result.model_dump(mode="json", exclude_unset=True)},
+                )
             except Exception as exc:  # TaskFailed, DriverError, OSError...: the reason goes to the control plane
-                outcome = {"ok": False, "message": str(exc) or exc.__class__.__name__, "result": {}}
+                outcome = TaskCompletion(ok=False, message=_reportable(str(exc) or exc.__class__.__name__))
             self.journal.put(task_id, outcome)
         await self._report(task_id, outcome)
 
-    async def _report(self, task_id: str, outcome: dict[str, Any]) -> None:
+    async def _report(self, task_id: str, outcome: TaskCompletion) -> None:
         """Retry until the service has the outcome; on a shutdown the journal keeps it for the next run."""
         delay = 0.2
+        body = outcome.model_dump(mode="json")
         while True:
             try:
-                r = await self.client.post(f"/agent/tasks/{task_id}/complete", json=outcome)
+                r = await self.client.post(f"/agent/tasks/{task_id}/complete", json=body)
                 if r.status_code < 500 and r.status_code != 429:
                     return  # 200 applied or already applied; 404 means the task is not ours any more
             except httpx.HTTPError as exc:
@@ -255,22 +318,24 @@ class Agent:
 
     async def step(
         self,
-        task: dict[str, Any],
+        lease: TaskLease,
         phase: str,
         message: str,
         *,
         status: str = "succeeded",
         started_at: datetime | None = None,
     ) -> None:
-        body = {
-            "phase": phase,
-            "status": status,
-            "message": message,
-            "started_at": (started_at or datetime.now(UTC)).isoformat(),
-            "finished_at": datetime.now(UTC).isoformat(),
-        }
+        body = TaskProgress.model_validate(
+            {
+                "phase": phase,
+                "status": status,
+                "message": _reportable(message)[:2000],
+                "started_at": started_at or datetime.now(UTC),
+                "finished_at": datetime.now(UTC),
+            }
+        )
         try:
-            await self.client.post(f"/agent/tasks/{task['task_id']}/progress", json=body)
+            await self.client.post(f"/agent/tasks/{lease.task_id}/progress", json=body.model_dump(mode="json"))
         except httpx.HTTPError:
             pass  # progress is informative; the outcome report is what must arrive
 
@@ -279,120 +344,139 @@ class Agent:
             self.failures[kind] -= 1
             raise TaskFailed(f"injected failure of {kind} (GPUAAS_AGENT_INJECT_FAILURES)")
 
-    async def execute(self, task: dict[str, Any]) -> dict[str, Any]:
-        kind, p = task["kind"], task["payload"]
-        handler = getattr(self, f"_do_{kind}", None)
-        if handler is None:
-            raise TaskFailed(f"this agent does not know task kind {kind!r}")
-        self._maybe_fail(kind)
-        return await handler(task, p) or {}
+    async def execute(self, lease: TaskLease) -> AgentResult:
+        """Run the lease's task by its handler (the table below, keyed by the task's model type)."""
+        self._maybe_fail(lease.kind)
+        return await HANDLERS[type(lease.payload)](self, lease, lease.payload)
 
-    def _workspace(self, p: dict[str, Any]) -> Workspace:
-        ws = self.workspaces.get(p["allocation_id"])
+    def _workspace(self, p: TaskInput) -> Workspace:
+        ws = self.workspaces.get(str(p.allocation_id))
         if not ws.root.exists():
             raise TaskFailed("the allocation's workspace is missing on this host")
         return ws
 
-    async def _do_provision(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    async def _network(self, ws: Workspace) -> NetworkInfo | None:
+        info = await self.driver.network_info(ws)
+        return NetworkInfo.model_validate(info) if info else None
+
+    async def _workload(self, ws: Workspace) -> WorkloadReport | None:
+        endpoint = await self.driver.workload_endpoint(ws)  # None without a launchable workload
+        return WorkloadReport.model_validate(endpoint) if endpoint else None
+
+    async def run_provision(self, lease: TaskLease, p: ProvisionTask) -> ProvisionResult:
         t0 = datetime.now(UTC)
         ws = self.workspaces.provision(p)
         await self.step(
-            task, "workspace", f"workspace ready; CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}", started_at=t0
+            lease, "workspace", f"workspace ready; CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}", started_at=t0
         )
-        await self.step(task, "keys", f"{len(p.get('authorized_keys', []))} authorized key(s) installed")
+        await self.step(lease, "keys", f"{len(p.authorized_keys)} authorized key(s) installed")
         t1 = datetime.now(UTC)
         message = await self.driver.provision(ws)
         await asyncio.to_thread(self.workspaces.write_marker, ws)
-        await self.step(task, "runtime", message, started_at=t1)
-        if p.get("volumes"):
-            await self.step(task, "volumes", f"{len(p['volumes'])} volume(s) mounted")
-        extra: dict[str, Any] = {}
-        if p.get("workload"):  # a launchable app (issue 21): active only once its health check answers
+        await self.step(lease, "runtime", message, started_at=t1)
+        if p.volumes:
+            await self.step(lease, "volumes", f"{len(p.volumes)} volume(s) mounted")
+        result = ProvisionResult(
+            ssh_host=self.s.ssh_advertise_host or self.s.ssh_bind,
+            ssh_port=self.ssh_port,
+            username=p.username,
+            driver=self.driver.name,
+        )
+        if p.workload:  # a launchable app (issue 21): active only once its health check answers
             t2 = datetime.now(UTC)
-            extra["workload"] = await self.driver.workload_endpoint(ws)
-            port = extra["workload"]["host_port"]
-            await self.step(task, "workload", f"workload healthy on host port {port}", started_at=t2)
+            result.workload = await self._workload(ws)
+            port = result.workload.host_port if result.workload else None
+            await self.step(lease, "workload", f"workload healthy on host port {port}", started_at=t2)
         self.workspaces.activate(ws)
-        return {
-            **extra,
-            "ssh_host": self.s.ssh_advertise_host or self.s.ssh_bind,
-            "ssh_port": self.ssh_port,
-            "username": p["username"],
-            "driver": self.driver.name,
-            "network": await self.driver.network_info(ws),
-        }
+        result.network = await self._network(ws)
+        return result
 
-    def _update(self, ws: Workspace, p: dict[str, Any]) -> None:
-        """Take what a restart/resize payload carries (GPUs, limits, runtime) into the allocation's meta."""
-        values = {k: p[k] for k in ("gpu_indices", "limits", "runtime") if k in p}
+    def _update(self, ws: Workspace, p: RestartTask | ResizeTask) -> None:
+        """Take what a restart/resize payload carries (GPUs, limits, runtime) into the allocation's meta; a field
+        the control plane did not send keeps its value."""
+        values = p.model_dump(mode="json", include={"gpu_indices", "limits", "runtime"} & p.model_fields_set)
         if values:
             ws.write_meta(**values)
 
-    async def _do_restart(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    async def run_restart(self, lease: TaskLease, p: RestartTask) -> RestartResult:
         ws = self._workspace(p)
         ws.write_meta(status="restarting")
-        sessions = self.endpoint.disconnect(p["username"])
-        self.workspaces.write_keys(ws, p.get("authorized_keys", []))
+        sessions = self.endpoint.disconnect(p.username)
+        self.workspaces.write_keys(ws, p.authorized_keys)
         self._update(ws, p)
-        for v in p.get("volumes", []):
-            self.workspaces.add_volume(ws, v["volume_id"], v["mount_path"])
+        for v in p.volumes:
+            self.workspaces.add_volume(ws, str(v.volume_id), v.mount_path)
         message = await self.driver.restart(ws)
-        await self.step(task, "interrupt", f"{sessions} SSH session(s) closed")
-        workload_endpoint = await self.driver.workload_endpoint(ws)  # None without a launchable workload
+        await self.step(lease, "interrupt", f"{sessions} SSH session(s) closed")
+        workload = await self._workload(ws)
         self.workspaces.activate(ws)
-        await self.step(task, "start", message)
-        return {"network": await self.driver.network_info(ws), "workload": workload_endpoint}
+        await self.step(lease, "start", message)
+        return RestartResult(network=await self._network(ws), workload=workload)
 
-    async def _do_resize(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    async def run_resize(self, lease: TaskLease, p: ResizeTask) -> ResizeResult:
         ws = self._workspace(p)
         self._update(ws, p)
         if self.driver.isolates_tenants:
             self.endpoint.disconnect(ws.username)  # the container is recreated with the new devices
         message = await self.driver.apply(ws, [])
         await asyncio.to_thread(self.workspaces.write_marker, ws)
-        await self.step(task, "gpus", f"CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}; {message}")
-        return {"gpu_indices": ws.gpu_indices, "network": await self.driver.network_info(ws)}
+        await self.step(lease, "gpus", f"CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}; {message}")
+        return ResizeResult(gpu_indices=ws.gpu_indices, network=await self._network(ws))
 
-    async def _do_sync_ssh_keys(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-        ws = self.workspaces.get(p["allocation_id"])
+    async def run_sync_ssh_keys(self, lease: TaskLease, p: SyncSshKeysTask) -> SyncSshKeysResult:
+        ws = self.workspaces.get(str(p.allocation_id))
         if not ws.root.exists():
-            return {"skipped": "no workspace"}
-        self.workspaces.write_keys(ws, p.get("authorized_keys", []))
-        return {"keys": len(p.get("authorized_keys", []))}
+            return SyncSshKeysResult(skipped="no workspace")
+        self.workspaces.write_keys(ws, p.authorized_keys)
+        return SyncSshKeysResult(keys=len(p.authorized_keys))
 
-    async def _do_attach_volume(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    async def run_attach_volume(self, lease: TaskLease, p: AttachVolumeTask) -> AttachVolumeResult:
         ws = self._workspace(p)
-        self.workspaces.add_volume(ws, p["volume_id"], p["mount_path"])
+        self.workspaces.add_volume(ws, str(p.volume_id), p.mount_path)
         if self.driver.isolates_tenants:
             self.endpoint.disconnect(ws.username)  # a bind mount needs a new container
         message = await self.driver.apply(ws, [])
-        return {"mounted_at": p["mount_path"], "message": message}
+        return AttachVolumeResult(mounted_at=p.mount_path, message=message)
 
-    async def _do_detach_volume(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-        ws = self.workspaces.get(p["allocation_id"])
-        self.workspaces.drop_volume(ws, p["volume_id"], delete_data=bool(p.get("delete_data")))
+    async def run_detach_volume(self, lease: TaskLease, p: DetachVolumeTask) -> DetachVolumeResult:
+        ws = self.workspaces.get(str(p.allocation_id))
+        self.workspaces.drop_volume(ws, str(p.volume_id), delete_data=p.delete_data)
         if ws.root.exists():
             if self.driver.isolates_tenants:
                 self.endpoint.disconnect(ws.username)
-            await self.driver.apply(ws, [p["mount_path"]])
-        return {}
+            await self.driver.apply(ws, [p.mount_path])
+        return DetachVolumeResult()
 
-    async def _do_release(self, task: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-        ws = self.workspaces.get(p["allocation_id"])
+    async def run_release(self, lease: TaskLease, p: ReleaseTask) -> ReleaseResult:
+        ws = self.workspaces.get(str(p.allocation_id))
         if ws.root.exists():
             ws.write_meta(status="releasing")  # no new logins from here on
-        sessions = self.endpoint.disconnect(p["username"])
-        await self.step(task, "processes", f"{sessions} SSH session(s) closed")
-        evidence = await self.driver.release(ws)
+        sessions = self.endpoint.disconnect(p.username)
+        await self.step(lease, "processes", f"{sessions} SSH session(s) closed")
+        evidence = ReleaseEvidence.model_validate(await self.driver.release(ws))
         deleted = 0
-        for v in p.get("volumes", []):
-            if v.get("delete_data"):
-                self.workspaces.drop_volume(ws, v["volume_id"], delete_data=True)
+        for v in p.volumes:
+            if v.delete_data:
+                self.workspaces.drop_volume(ws, str(v.volume_id), delete_data=True)
                 deleted += 1
         await self.step(
-            task,
+            lease,
             "verify",
-            f"{self.driver.name}: removed and verified ({len(evidence.get('checked', []))} checks); "
+            f"{self.driver.name}: removed and verified ({len(evidence.checked)} checks); "
             f"{deleted} non-persistent volume(s) deleted",
         )
-        return {"verified": True, "evidence": evidence}
+        return ReleaseResult(verified=True, evidence=evidence)
+
+
+# Each task type's handler, keyed by the payload's model type; a member of `AgentTask` without one fails here
+# at import. The values take the payload as `Any`: each handler's own signature names its type, the key pairs them.
+HANDLERS: dict[type[TaskInput], Callable[[Agent, TaskLease, Any], Awaitable[AgentResult]]] = {
+    ProvisionTask: Agent.run_provision,
+    RestartTask: Agent.run_restart,
+    ResizeTask: Agent.run_resize,
+    SyncSshKeysTask: Agent.run_sync_ssh_keys,
+    AttachVolumeTask: Agent.run_attach_volume,
+    DetachVolumeTask: Agent.run_detach_volume,
+    ReleaseTask: Agent.run_release,
+}
+complete_table(HANDLERS, TASK_TYPES, "node agent task handlers")

@@ -28,7 +28,9 @@ FAKE_MAJOR, FAKE_MINOR = 1, 3
 
 def nvidia_spec_present() -> bool:
     for d in SPEC_DIRS:
-        for f in d.glob("*") if d.is_dir() else []:
+        if not d.is_dir():
+            continue
+        for f in d.glob("*"):
             try:
                 text = f.read_text()
             except OSError:

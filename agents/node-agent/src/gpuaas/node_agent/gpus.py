@@ -34,7 +34,7 @@ def normalise_model(name: str, memory_mb: int) -> str:
 
 def parse_csv(output: str) -> list[GpuDevice]:
     """`nvidia-smi --query-gpu=index,name,memory.total,uuid --format=csv,noheader,nounits`."""
-    gpus = []
+    gpus: list[GpuDevice] = []
     for row in csv.reader(io.StringIO(output)):
         if len(row) < 4 or not row[0].strip().isdigit():
             continue
@@ -51,7 +51,7 @@ def parse_csv(output: str) -> list[GpuDevice]:
 def parse_xml(output: str) -> list[GpuDevice]:
     """`nvidia-smi -q -x`."""
     root = ET.fromstring(output)
-    gpus = []
+    gpus: list[GpuDevice] = []
     for i, gpu in enumerate(root.findall("gpu")):
         name = (gpu.findtext("product_name") or "").strip()
         total = (gpu.findtext("fb_memory_usage/total") or "0").split()[0]

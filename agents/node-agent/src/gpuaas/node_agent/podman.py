@@ -13,13 +13,100 @@ import os
 import shutil
 import subprocess
 import time
-from typing import Any
+from typing import TypedDict, cast
 
 log = logging.getLogger("gpuaas.node_agent.podman")
 
 
 class PodmanError(RuntimeError):
     pass
+
+
+# What the agent reads of podman's JSON (podman 4.x). Every key is optional (total=False) and read with
+# `.get`: podman versions and storage drivers differ in what they fill in, and null is common.
+
+
+class ImageInfo(TypedDict, total=False):
+    """`podman image inspect`, one entry."""
+
+    Digest: str
+    RepoDigests: list[str] | None
+
+
+class ContainerState(TypedDict, total=False):
+    Running: bool
+    Pid: int
+
+
+class ContainerConfig(TypedDict, total=False):
+    Labels: dict[str, str] | None
+
+
+class IDMappings(TypedDict, total=False):
+    UidMap: list[str] | None
+    GidMap: list[str] | None
+
+
+class HostConfig(TypedDict, total=False):
+    IDMappings: IDMappings
+
+
+class GraphDriver(TypedDict, total=False):
+    Name: str
+    Data: dict[str, str] | None  # overlay: MergedDir, UpperDir, ...
+
+
+class PortBinding(TypedDict, total=False):
+    HostIp: str
+    HostPort: str
+
+
+class NetworkEndpoint(TypedDict, total=False):
+    IPAddress: str
+
+
+class NetworkSettings(TypedDict, total=False):
+    Ports: dict[str, list[PortBinding] | None] | None  # "8888/tcp" -> bindings
+    Networks: dict[str, NetworkEndpoint] | None
+
+
+class ContainerInfo(TypedDict, total=False):
+    """`podman container inspect`, one entry."""
+
+    Id: str
+    State: ContainerState
+    Config: ContainerConfig
+    HostConfig: HostConfig
+    GraphDriver: GraphDriver
+    NetworkSettings: NetworkSettings
+
+
+class ContainerSummary(TypedDict, total=False):
+    """`podman ps --format json`, one entry."""
+
+    Id: str
+    Names: list[str] | None
+    Labels: dict[str, str] | None
+
+
+class NetworkInfo(TypedDict, total=False):
+    """`podman network inspect`, one entry."""
+
+    name: str
+    network_interface: str
+    dns_enabled: bool
+    options: dict[str, str] | None
+    labels: dict[str, str] | None
+
+
+def json_objects(out: str) -> list[dict[str, object]]:
+    """podman's JSON output that is a list of objects (inspect, ps); empty output or null is `[]`."""
+    data: object = json.loads(out or "[]")
+    if data is None:
+        return []
+    if not isinstance(data, list) or not all(isinstance(x, dict) for x in cast("list[object]", data)):
+        raise PodmanError(f"podman answered {out[:200]!r} where a JSON list of objects was expected")
+    return cast("list[dict[str, object]]", data)
 
 
 def installed(binary: str = "podman") -> bool:
@@ -67,7 +154,7 @@ class Podman:
         rc, out, _ = await self.run("image", "inspect", ref, check=False)
         if rc != 0:
             return None
-        info = (json.loads(out) or [{}])[0]
+        info = cast("ImageInfo", (json_objects(out) or [{}])[0])  # checked objects; keys read with .get
         return {info.get("Digest") or ""} | {d.rsplit("@", 1)[-1] for d in info.get("RepoDigests") or []}
 
     async def pull(self, ref: str) -> None:
@@ -75,20 +162,20 @@ class Podman:
 
     # --------------------------------------------------------------------------------- containers
 
-    async def inspect(self, name: str) -> dict[str, Any] | None:
+    async def inspect(self, name: str) -> ContainerInfo | None:
         rc, out, _ = await self.run("container", "inspect", name, check=False)
         if rc != 0:
             return None
-        data = json.loads(out)
-        return data[0] if data else None
+        data = json_objects(out)
+        return cast("ContainerInfo", data[0]) if data else None  # checked objects; keys read with .get
 
     async def exists(self, name: str) -> bool:
         rc, _, _ = await self.run("container", "exists", name, check=False)
         return rc == 0
 
-    async def containers(self, label: str) -> list[dict[str, Any]]:
+    async def containers(self, label: str) -> list[ContainerSummary]:
         _, out, _ = await self.run("ps", "-a", "--filter", f"label={label}", "--format", "json")
-        return json.loads(out or "[]") or []
+        return cast("list[ContainerSummary]", json_objects(out))  # checked objects; keys read with .get
 
     async def remove(self, name: str, attempts: int = 6) -> None:
         """`podman rm -f`, retried: removing the shm mount can fail with EBUSY for a moment while another

@@ -22,11 +22,15 @@ class UnsafePath(OSError):
     pass
 
 
-def _parts(relative: str | Path) -> list[str]:
+def path_parts(relative: str | Path) -> list[str]:
+    """The components of a relative path (leading `/`, empty and `.` dropped); UnsafePath on `..`."""
     parts = [p for p in Path(str(relative)).parts if p not in ("/", "", ".")]
     if ".." in parts:
         raise UnsafePath(f"{relative!s}: '..' is not allowed")
     return parts
+
+
+_parts = path_parts  # the name the drivers used before it was public
 
 
 def open_dir(base: Path, relative: str | Path = "", *, create: bool = False, mode: int = 0o755) -> int:

@@ -44,6 +44,12 @@ class AgentSettings(BaseSettings):
     ssh_bind: str = "127.0.0.1"
     ssh_port: int = 0  # 0: pick a free port once and keep it (state_dir/ssh_port)
     ssh_advertise_host: str = ""  # what users connect to; defaults to ssh_bind
+    # Containment of project networks (firewall.py): internal destinations (private, link-local, metadata, LAN,
+    # other podman networks) are always refused. Unset: every other destination is reachable through NAT; a
+    # list: only these, as JSON, e.g. '["0.0.0.0/0:443", "203.0.113.0/24", "[2001:db8::/32]:80-90"]'.
+    egress_allow: list[str] | None = None
+    # The resolvers allocations may query (port 53) although they are internal; None: the host's resolv.conf.
+    egress_resolvers: list[str] | None = None
     heartbeat_interval_s: float = 5.0
     long_poll_s: float = 20.0
     # Test hook: "release:1,provision:0" fails the first N tasks of a kind with an explicit reason.

@@ -21,12 +21,14 @@ import subprocess
 import termios
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import asyncssh
 
 from gpuaas.node_agent.drivers import Driver, SessionCommand
 from gpuaas.node_agent.workspace import Workspaces
+
+# The server runs with encoding=None: a session's streams carry bytes.
+SessionProcess = asyncssh.SSHServerProcess[bytes]
 
 
 def _join_cgroup(procs: Path | None) -> None:
@@ -52,7 +54,8 @@ class Endpoint:
 
     def _host_key(self) -> asyncssh.SSHKey:
         if not self.host_key_path.exists():
-            key = asyncssh.generate_private_key("ssh-ed25519")
+            # asyncssh leaves the algorithm's **kwargs untyped; the call passes none and returns an SSHKey.
+            key = asyncssh.generate_private_key("ssh-ed25519")  # pyright: ignore[reportUnknownMemberType]
             self.host_key_path.write_bytes(key.export_private_key())
             os.chmod(self.host_key_path, 0o600)
         return asyncssh.read_private_key(str(self.host_key_path))
@@ -89,8 +92,9 @@ class Endpoint:
                 return False
 
             def auth_completed(self) -> None:
-                self.username = self.conn.get_extra_info("username")
-                endpoint.connections.setdefault(self.username, set()).add(self.conn)
+                username: str = self.conn.get_extra_info("username")  # set once authentication is complete
+                self.username = username
+                endpoint.connections.setdefault(username, set()).add(self.conn)
 
         self.server = await asyncssh.create_server(
             Server,
@@ -117,8 +121,8 @@ class Endpoint:
             c.close()
         return len(conns)
 
-    async def _session(self, process: asyncssh.SSHServerProcess) -> None:
-        username = process.get_extra_info("username")
+    async def _session(self, process: SessionProcess) -> None:
+        username: str = process.get_extra_info("username")
         ws = self.workspaces.by_username(username)
         if ws is None or not ws.active:
             process.stderr.write(b"this allocation is not active\n")
@@ -134,7 +138,7 @@ class Endpoint:
         with contextlib.suppress(Exception):
             process.exit(rc)
 
-    async def _run_pipes(self, process: asyncssh.SSHServerProcess, cmd: SessionCommand) -> int:
+    async def _run_pipes(self, process: SessionProcess, cmd: SessionCommand) -> int:
         proc = await asyncio.create_subprocess_exec(
             *cmd.argv,
             stdin=subprocess.PIPE,
@@ -146,7 +150,7 @@ class Endpoint:
             preexec_fn=lambda: _join_cgroup(cmd.cgroup_procs),
         )
 
-        async def copy(reader: asyncio.StreamReader, writer: Any) -> None:
+        async def copy(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes]) -> None:
             while data := await reader.read(65536):
                 writer.write(data)
 
@@ -177,7 +181,7 @@ class Endpoint:
         feeder.cancel()
         return rc if rc >= 0 else 128 - rc
 
-    async def _run_pty(self, process: asyncssh.SSHServerProcess, cmd: SessionCommand) -> int:
+    async def _run_pty(self, process: SessionProcess, cmd: SessionCommand) -> int:
         master, slave = pty.openpty()
         cols, rows = process.get_terminal_size()[:2]
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows or 24, cols or 80, 0, 0))

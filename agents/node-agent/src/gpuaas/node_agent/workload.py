@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
+import pydantic
+
+from gpuaas.contracts.events.allocations import WorkloadSpec
+from gpuaas.node_agent.podman import ContainerInfo
 
 INIT = "/usr/local/sbin/gpuaas-init"
 START_TIMEOUT_S = 180.0  # JupyterLab on two busy cores takes ~5-15 s; a cold page cache more
@@ -29,61 +33,69 @@ class WorkloadFailed(Exception):
     pass
 
 
-def spec_of(meta: dict[str, Any]) -> dict[str, Any] | None:
-    return meta.get("workload") or None
+def spec_of(meta: Mapping[str, object]) -> WorkloadSpec | None:
+    """The workload of an allocation's meta (written from its provision task's `WorkloadSpec`), or None."""
+    raw = meta.get("workload") or None
+    if raw is None:
+        return None
+    try:
+        return WorkloadSpec.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise WorkloadFailed(f"the allocation's workload is malformed: {exc}") from exc
 
 
-def container_args(spec: dict[str, Any], token: str, bind: str, user: str) -> list[str]:
+def container_args(spec: WorkloadSpec, token: str, bind: str, user: str) -> list[str]:
     """podman run options for the workload: the published port and its environment."""
     env = {
-        **{str(k): str(v) for k, v in (spec.get("env") or {}).items()},
+        **spec.env,
         "HOME": f"/home/{user}",
         "USER": user,
-        "GPUAAS_BASE_PATH": spec["base_path"],
-        "GPUAAS_WORKLOAD_PORT": str(spec["port"]),
+        "GPUAAS_BASE_PATH": spec.base_path,
+        "GPUAAS_WORKLOAD_PORT": str(spec.port),
     }
-    if spec.get("auth_env"):
-        env[str(spec["auth_env"])] = token
-    args = ["--publish", f"{bind}::{int(spec['port'])}"]
+    if spec.auth_env:
+        env[spec.auth_env] = token
+    args = ["--publish", f"{bind}::{spec.port}"]
     for k, v in env.items():
         args += ["--env", f"{k}={v}"]
     return args
 
 
-def command(spec: dict[str, Any], user: str, uid: int) -> list[str]:
+def command(spec: WorkloadSpec, user: str, uid: int) -> list[str]:
     """The container's command: create the user (gpuaas-init), then exec the workload as that user."""
-    argv = [
-        str(a).replace("{base_path}", spec["base_path"]).replace("{port}", str(spec["port"]))
-        for a in spec.get("command") or []
-    ]
+    argv = [a.replace("{base_path}", spec.base_path).replace("{port}", str(spec.port)) for a in spec.command]
     if not argv:
         raise WorkloadFailed("the workload names no command")
     script = f'u="$0"; {INIT} "$u" "$1" && shift && cd "/home/$u" && exec runuser -u "$u" -- "$@"'
     return ["/bin/sh", "-c", script, user, str(uid), *argv]
 
 
-def auth_headers(spec: dict[str, Any], token: str) -> dict[str, str]:
-    if not spec.get("auth_env"):
+def auth_headers(spec: WorkloadSpec, token: str) -> dict[str, str]:
+    if not spec.auth_env:
         return {}
-    scheme = spec.get("auth_scheme") or "token"
-    return {spec.get("auth_header") or "Authorization": f"{scheme} {token}".strip()}
+    scheme = spec.auth_scheme or "token"
+    return {spec.auth_header or "Authorization": f"{scheme} {token}".strip()}
 
 
-def health_url(spec: dict[str, Any], host: str, port: int) -> str:
-    path = spec["base_path"].rstrip("/") + "/" + str(spec.get("health_path") or "/").lstrip("/")
+def health_url(spec: WorkloadSpec, host: str, port: int) -> str:
+    path = spec.base_path.rstrip("/") + "/" + (spec.health_path or "/").lstrip("/")
     return f"http://{host}:{port}{path}"
 
 
-def published_port(info: dict[str, Any], spec: dict[str, Any]) -> int | None:
+def published_port(info: ContainerInfo, spec: WorkloadSpec) -> int | None:
     ports = (info.get("NetworkSettings") or {}).get("Ports") or {}
-    for binding in ports.get(f"{int(spec['port'])}/tcp") or []:
-        if binding.get("HostPort"):
-            return int(binding["HostPort"])
+    for binding in ports.get(f"{spec.port}/tcp") or []:
+        if host_port := binding.get("HostPort"):
+            return int(host_port)
     return None
 
 
 async def wait_healthy(
-    url: str, headers: dict[str, str], running: Any, logs: Any, timeout_s: float = START_TIMEOUT_S
+    url: str,
+    headers: dict[str, str],
+    running: Callable[[], Awaitable[bool]],
+    logs: Callable[[], Awaitable[str]],
+    timeout_s: float = START_TIMEOUT_S,
 ) -> float:
     """Poll the health URL until it answers < 400; `running()` (async) False or the deadline fails it.
     Returns the seconds it took."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuaas.contracts.agent import ProvisionTask
 from gpuaas.node_agent import safefs
 
 
@@ -85,7 +86,7 @@ ENV_MARK = "GPUAAS_ALLOCATION_ID"  # set in process-driver sessions; informative
 def processes_of(allocation_id: str) -> list[int]:
     """Pids whose environment carries the allocation's mark (process driver; never used as proof of release)."""
     mark = f"{ENV_MARK}={allocation_id}".encode()
-    pids = []
+    pids: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -119,7 +120,7 @@ class Workspaces:
         return None
 
     def volume_dir(self, volume_id: str) -> Path:
-        safefs._parts(volume_id)  # an id, never a path
+        safefs.path_parts(volume_id)  # an id, never a path
         path = self.volumes_root / volume_id
         if not path.is_symlink():
             path.mkdir(exist_ok=True)
@@ -127,26 +128,27 @@ class Workspaces:
 
     # --------------------------------------------------------------------------------------- steps
 
-    def provision(self, p: dict[str, Any]) -> Workspace:
-        ws = self.get(p["allocation_id"])
+    def provision(self, p: ProvisionTask) -> Workspace:
+        ws = self.get(str(p.allocation_id))
         ws.root.mkdir(mode=0o700, exist_ok=True)
         os.chmod(ws.root, 0o700)
         if not ws.home.is_symlink():
             ws.home.mkdir(exist_ok=True)
         ws.write_meta(
-            username=p["username"],
-            gpu_indices=p.get("gpu_indices", []),
-            volumes=[{"volume_id": v["volume_id"], "mount_path": v["mount_path"]} for v in p.get("volumes", [])],
-            runtime=p.get("runtime"),
-            limits=p.get("limits"),
-            workload=p.get("workload"),  # a launchable app's workload and its secret (issue 21)
-            workload_token=p.get("workload_token"),
-            project_id=p.get("project_id"),  # the container driver's project network (None: no network)
+            username=p.username,
+            gpu_indices=p.gpu_indices,
+            volumes=[{"volume_id": str(v.volume_id), "mount_path": v.mount_path} for v in p.volumes],
+            runtime=p.runtime.model_dump(mode="json") if p.runtime else None,
+            limits=p.limits.model_dump(mode="json") if p.limits else None,
+            # a launchable app's workload and its secret (issue 21)
+            workload=p.workload.model_dump(mode="json") if p.workload else None,
+            workload_token=p.workload_token,
+            project_id=str(p.project_id) if p.project_id else None,  # the container driver's project network
             status=ws.status if ws.status == "active" else "provisioning",
         )
-        self.write_keys(ws, p.get("authorized_keys", []))
-        for v in p.get("volumes", []):
-            self.volume_dir(v["volume_id"])
+        self.write_keys(ws, p.authorized_keys)
+        for v in p.volumes:
+            self.volume_dir(str(v.volume_id))
         return ws
 
     def write_marker(self, ws: Workspace) -> None:

@@ -1,4 +1,5 @@
-"""Backward-compatibility check between two generations of the event schemas.
+"""Backward-compatibility check between two generations of the event schemas (and of the node agent
+protocol's, `agent/`, by the same rules: the control plane and the agents deploy independently).
 
 Within a topic version, a change must keep both directions working, because services deploy
 independently and compacted topics are replayed:
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 Schema = Mapping[str, Any]
 
@@ -70,8 +71,8 @@ def format_changes(changes: Iterable[Change]) -> str:
 def compare_files(old: Mapping[str, Schema], new: Mapping[str, Schema]) -> list[Change]:
     """Compare two schema directories (relative path → document), as written by the export.
 
-    Only `topics/*.json` and `events/*/*.json` are contracts; other files (the AsyncAPI
-    document) are derived from them and not compared.
+    Only `topics/*.json`, `events/*/*.json` and the agent protocol's `agent/**.json` are contracts;
+    other files (the AsyncAPI document) are derived from them and not compared.
     """
     changes: list[Change] = []
     for path in sorted(old.keys() | new.keys()):
@@ -79,24 +80,47 @@ def compare_files(old: Mapping[str, Schema], new: Mapping[str, Schema]) -> list[
         if kind is None:
             continue
         if path not in new:
-            what = "topic removed" if kind == "topic" else "event type removed from its topic"
-            changes.append(Change(path, what))
+            changes.append(Change(path, _REMOVED[kind]))
         elif path not in old:
             changes.append(Change(path, f"new {kind}", breaking=False))
         elif kind == "topic":
             changes.extend(compare_topic(old[path], new[path], where=path))
+        elif kind == "agent task union":
+            changes.extend(compare_kinds(old[path], new[path], where=path))
         else:
             changes.extend(compare_schema(old[path], new[path], where=path))
     return changes
 
 
+_REMOVED = {
+    "topic": "topic removed",
+    "event type": "event type removed from its topic",
+    "agent message": "agent protocol message removed",
+    "agent task union": "agent protocol union removed",
+}
+
+
 def _file_kind(path: str) -> str | None:
     parts = path.split("/")
-    if len(parts) == 2 and parts[0] == "topics" and parts[1].endswith(".json"):
+    if not parts[-1].endswith(".json"):
+        return None
+    if len(parts) == 2 and parts[0] == "topics":
         return "topic"
-    if len(parts) == 3 and parts[0] == "events" and parts[2].endswith(".json"):
+    if len(parts) == 3 and parts[0] == "events":
         return "event type"
+    if parts[0] == "agent":
+        return "agent task union" if len(parts) == 2 and parts[1] in ("tasks.json", "results.json") else "agent message"
     return None
+
+
+def compare_kinds(old: Schema, new: Schema, *, where: str = "") -> list[Change]:
+    """The kinds of an agent protocol union: removing one is breaking (an agent one version behind still sends
+    or expects it); adding one is not (an older agent fails a task of a kind it does not know, by its reason)."""
+    before, after = set(old.get("x-gpuaas", {}).get("kinds", ())), set(new.get("x-gpuaas", {}).get("kinds", ()))
+    changes = [Change(where, f"kind {k!r} removed") for k in sorted(before - after)]
+    added = sorted(after - before)
+    changes += [Change(where, f"kind {k!r} added (deploy agents first)", breaking=False) for k in added]
+    return changes
 
 
 def topic_event_types(schema: Schema) -> set[str]:
@@ -220,12 +244,13 @@ def _resolve(root: Schema, node: Schema) -> tuple[str | None, Schema]:
     seen: set[str] = set()
     while True:
         if "$ref" in node:
-            ref = node["$ref"]
-            if ref in seen:
-                raise ValueError(f"$ref cycle at {ref!r}")
-            seen.add(ref)
+            target: str = node["$ref"]
+            if target in seen:
+                raise ValueError(f"$ref cycle at {target!r}")
+            seen.add(target)
+            ref = target
             siblings = {k: v for k, v in node.items() if k != "$ref"}
-            node = {**_resolve_pointer(root, ref), **siblings}
+            node = {**_resolve_pointer(root, target), **siblings}
         elif isinstance(node.get("allOf"), list) and len(node["allOf"]) == 1:
             siblings = {k: v for k, v in node.items() if k != "allOf"}
             node = {**node["allOf"][0], **siblings}
@@ -241,11 +266,11 @@ def _alternatives(root: Schema, node: Schema) -> list[tuple[str | None, Schema]]
             return [alt for sub in node[keyword] for alt in _alternatives(root, sub)]
     types = node.get("type")
     if isinstance(types, list):
-        return [(ref, {**node, "type": t}) for t in types]
+        return [(ref, {**node, "type": t}) for t in cast(list[str], types)]
     return [(ref, node)]
 
 
-_JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
+_JSON_TYPES: dict[type, str] = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
 
 
 def _kind(node: Schema) -> str:
@@ -253,7 +278,7 @@ def _kind(node: Schema) -> str:
         return node["type"]
     values = _allowed_values(node)
     if values:
-        kinds = {_JSON_TYPES.get(type(v), "object") for v in values}
+        kinds = {_JSON_TYPES.get(type(cast(object, v)), "object") for v in values}
         return kinds.pop() if len(kinds) == 1 else "mixed"
     if "properties" in node or "additionalProperties" in node:
         return "object"
@@ -271,20 +296,22 @@ def _allowed_values(node: Schema) -> set[Any] | None:
 
 
 def _hashable(value: Any) -> Any:
-    return repr(value) if isinstance(value, dict | list) else value
+    return repr(cast(object, value)) if isinstance(value, dict | list) else value
 
 
 def _subschema(value: Any) -> Schema:
-    return value if isinstance(value, Mapping) else {}
+    return cast(Schema, value) if isinstance(value, Mapping) else {}
 
 
 def _pair(olds: list[Any], news: list[Any]) -> list[tuple[Any, Any]]:
-    """Pair alternatives of one kind: by title when several, else the single ones."""
+    """Pair alternatives of one kind: by title when several and each has its own, else positionally."""
     if len(olds) == 1 and len(news) == 1:
         return [(olds[0], news[0])]
+    titles = [alt[1].get("title") for alt in news]
     by_title = {alt[1].get("title"): alt for alt in news}
     pairs = [(alt, by_title[alt[1].get("title")]) for alt in olds if alt[1].get("title") in by_title]
-    if len(pairs) < len(olds):  # untitled alternatives: positional
+    # untitled or same-titled alternatives (e.g. an IPv4 and an IPv6 string): positional
+    if len(pairs) < len(olds) or None in titles or len(set(titles)) < len(titles):
         pairs = list(zip(olds, news, strict=False))
     return pairs
 

@@ -11,7 +11,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -86,7 +86,7 @@ class Payload(BaseModel):
 
 
 def _attr(data: Any, name: str) -> Any:
-    return data.get(name) if isinstance(data, dict) else getattr(data, name, None)
+    return cast(dict[str, Any], data).get(name) if isinstance(data, dict) else getattr(data, name, None)
 
 
 class Event(BaseModel):
@@ -110,7 +110,7 @@ class Event(BaseModel):
     actor: Actor = Field(default_factory=lambda: Actor.system("platform"))
     schema_version: int = 1
     datacontenttype: str = "application/json"
-    data: Any = None
+    data: Any  # every event class types it (and gives it no default: an event always carries its payload)
     # Order of one subject's events, set by the producer's outbox (a database sequence, never a clock):
     # projections keep the state of the highest `sequence` they have seen, so a clock step cannot reorder them.
     sequence: int | None = Field(

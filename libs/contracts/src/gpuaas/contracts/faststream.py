@@ -31,6 +31,10 @@ FastStream is imported only here: `import gpuaas.contracts` stays pydantic-only.
 
 # No `from __future__ import annotations`: the handler built below is annotated with the runtime-built
 # union, which FastStream reads from the signature (validation and AsyncAPI).
+# aiokafka and asyncpg ship no type information, so what this module gets back from them is unknown to the
+# checker: it does not report those unknowns here (what the module itself exports is annotated).
+# pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false
+# pyright: reportUnknownVariableType=false, reportUnknownArgumentType=false
 
 import asyncio
 import json
@@ -40,7 +44,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, cast
 
 try:
     import asyncpg
@@ -174,7 +178,7 @@ class PgInbox:
     def pool(self) -> asyncpg.Pool:
         return self._pool if isinstance(self._pool, asyncpg.Pool) else self._pool()
 
-    async def setup(self, conn: asyncpg.Connection | None = None) -> None:
+    async def setup(self, conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy | None = None) -> None:
         ddl = f"""
         CREATE SCHEMA IF NOT EXISTS {self.schema};
         CREATE TABLE IF NOT EXISTS {self.schema}.inbox (
@@ -212,7 +216,7 @@ class PgInbox:
             fresh = {r["event_id"] for r in rows}
             new = [e for e in unique.values() if e.id in fresh]
             if new:
-                await handler(conn, new)
+                await handler(cast(asyncpg.Connection, conn), new)  # the pool's proxy of a Connection
         return new
 
 
@@ -236,7 +240,8 @@ def event_subscriber(
     union = event_union(*topics)
 
     def register(handler: Handler) -> Handler:
-        async def consume(events: list[union], message: KafkaMessage) -> None:  # type: ignore[valid-type]
+        # `union` is built at run time from the topics (FastStream reads it from this signature).
+        async def consume(events: list[union], message: KafkaMessage) -> None:  # pyright: ignore[reportInvalidTypeForm, reportUnknownParameterType]
             try:
                 await inbox.apply(events, handler)
             except BaseException:
@@ -271,7 +276,8 @@ async def _rewind(message: Any) -> None:
         earliest: dict[TopicPartition, int] = {}
         for r in raw if isinstance(raw, tuple | list) else (raw,):
             tp = TopicPartition(r.topic, r.partition)
-            earliest[tp] = min(r.offset, earliest.get(tp, r.offset))
+            offset: int = r.offset
+            earliest[tp] = min(offset, earliest.get(tp, offset))
         for tp, offset in earliest.items():
             message.consumer.seek(partition=tp, offset=offset)
     await StreamMessage.nack(message)  # marks it nacked (no second seek)

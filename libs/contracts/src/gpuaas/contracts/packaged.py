@@ -4,6 +4,7 @@ The wheel (`make contracts-wheel`) carries the committed schema directory as pac
 `gpuaas/contracts/jsonschemas/` (the same files as `libs/contracts/schemas/` in the repository):
 
     events/<topic>/<event type>.json   topics/<topic>.json   asyncapi.json
+    agent/...                          the node agent protocol (`gpuaas.contracts.agent`)
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, cast
 
 from pydantic import Field, TypeAdapter
 
@@ -47,9 +47,10 @@ class Topic:
     def union(self) -> TypeAdapter[Any]:
         """TypeAdapter of this topic's discriminated union."""
         if len(self.events) == 1:
-            return TypeAdapter(self.events[0])
+            return TypeAdapter[Any](self.events[0])
         members = Union[tuple(self.events)]  # noqa: UP007 - a runtime-built Union
-        return TypeAdapter(Annotated[members, Field(discriminator="type")])
+        # A union built at run time from the topic's events: a type to pydantic, a variable to the checker.
+        return TypeAdapter[Any](Annotated[members, Field(discriminator="type")])  # pyright: ignore[reportInvalidTypeForm, reportArgumentType]
 
     def parse(self, raw: bytes | str | dict[str, Any]) -> Event | None:
         """Parse one message; None when its type is unknown to this version of the contracts.
@@ -59,7 +60,7 @@ class Topic:
         doc = json.loads(raw) if isinstance(raw, bytes | str) else raw
         if not isinstance(doc, dict):
             raise ValueError("event is not a JSON object")
-        if doc.get("type") not in self.by_type:
+        if cast(dict[str, Any], doc).get("type") not in self.by_type:
             return None
         return self.union.validate_python(doc)
 

@@ -23,6 +23,7 @@ from decimal import Decimal
 from typing import Annotated
 
 from pydantic import AfterValidator, AwareDatetime, Field, PlainSerializer, Strict
+from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
 DECIMAL_PATTERN = r"^-?[0-9]+(\.[0-9]+)?$"
@@ -37,8 +38,8 @@ def _plain_decimal(value: Decimal) -> str:
 
 
 _DecimalText = PlainSerializer(_plain_decimal, return_type=str, when_used="json")
-_DECIMAL_SCHEMA = {"format": "decimal", "pattern": DECIMAL_PATTERN}
-_NON_NEGATIVE_DECIMAL_SCHEMA = {"format": "decimal", "pattern": NON_NEGATIVE_DECIMAL_PATTERN}
+_DECIMAL_SCHEMA: JsonDict = {"format": "decimal", "pattern": DECIMAL_PATTERN}
+_NON_NEGATIVE_DECIMAL_SCHEMA: JsonDict = {"format": "decimal", "pattern": NON_NEGATIVE_DECIMAL_PATTERN}
 
 Money = Annotated[
     Decimal,

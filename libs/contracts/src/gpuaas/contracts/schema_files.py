@@ -16,6 +16,7 @@ Layout, relative to either directory:
 
     events/<topic>/<event type>.json   one self-contained schema per event type
     topics/<topic>.json                the topic's union, discriminated on `type`
+    agent/...                          the control plane ⇄ node agent protocol (`schemas.agent_schemas`)
     asyncapi.json                      the AsyncAPI 3.0 document (schemas/ only: derived, never compared)
 """
 
@@ -30,11 +31,11 @@ from typing import Any
 
 from gpuaas.contracts.asyncapi import build_document, contracts_version
 from gpuaas.contracts.registry import TOPICS
-from gpuaas.contracts.schemas import event_path, event_schema, topic_path, topic_schema
+from gpuaas.contracts.schemas import agent_schemas, event_path, event_schema, topic_path, topic_schema
 
 ASYNCAPI_PATH = "asyncapi.json"
 BASELINE_RECORD = "BASELINE.json"
-CONTRACT_DIRS = ("events/", "topics/")  # the files that are contracts; the rest is derived
+CONTRACT_DIRS = ("events/", "topics/", "agent/")  # the files that are contracts; the rest is derived
 
 
 def generate() -> dict[str, dict[str, Any]]:
@@ -50,12 +51,13 @@ def _generate() -> dict[str, dict[str, Any]]:
         files[topic_path(topic)] = topic_schema(topic)
         for event in topic.events:
             files[event_path(event)] = event_schema(event)
+    files.update(agent_schemas())
     files[ASYNCAPI_PATH] = build_document()
     return dict(sorted(files.items()))
 
 
 def contract_files(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Only the event and topic schemas (what a baseline holds)."""
+    """Only the event, topic and agent protocol schemas (what a baseline holds)."""
     return {path: doc for path, doc in documents.items() if path.startswith(CONTRACT_DIRS)}
 
 

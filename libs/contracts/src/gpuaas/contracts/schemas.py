@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
+from gpuaas.contracts import agent
 from gpuaas.contracts.envelope import Event
 from gpuaas.contracts.registry import TOPICS, Topic
 
@@ -63,6 +65,43 @@ def topic_schema(topic: Topic) -> dict[str, Any]:
             "event_types": sorted(mapping),
         },
     }
+
+
+# The agent protocol's schemas describe what the reading side accepts (validation mode): both sides read.
+AGENT_MODE = "validation"
+
+
+def agent_schemas() -> dict[str, dict[str, Any]]:
+    """The control plane ⇄ node agent protocol (`gpuaas.contracts.agent`), one document per body, task kind
+    (input) and result kind, plus the two unions discriminated on `kind`:
+
+        agent/<Body>.json   agent/tasks/<kind>.json   agent/results/<kind>.json
+        agent/tasks.json    agent/results.json
+    """
+    meta = {"protocol_version": agent.PROTOCOL_VERSION, "module": "gpuaas.contracts.agent"}
+
+    def one(model: type[BaseModel], **extra: Any) -> dict[str, Any]:
+        schema = model.model_json_schema(mode=AGENT_MODE)
+        schema["$schema"] = JSON_SCHEMA_DIALECT
+        schema["x-gpuaas"] = {**meta, **extra}
+        return schema
+
+    def union(adapter: TypeAdapter[Any], title: str, kinds: list[str]) -> dict[str, Any]:
+        schema = adapter.json_schema(mode=AGENT_MODE, ref_template="#/$defs/{model}")
+        return {"$schema": JSON_SCHEMA_DIALECT, "title": title, **schema, "x-gpuaas": {**meta, "kinds": kinds}}
+
+    files = {f"agent/{name}.json": one(model) for name, model in agent.MESSAGES.items()}
+    for task in agent.TASK_TYPES:
+        files[f"agent/tasks/{agent.kind_of(task)}.json"] = one(task, kind=agent.kind_of(task))
+    for result in agent.RESULT_TYPES:
+        files[f"agent/results/{agent.kind_of(result)}.json"] = one(result, kind=agent.kind_of(result))
+    files["agent/tasks.json"] = union(
+        TypeAdapter(agent.AgentTask), "AgentTask", sorted(agent.kind_of(t) for t in agent.TASK_TYPES)
+    )
+    files["agent/results.json"] = union(
+        TypeAdapter(agent.AgentResult), "AgentResult", sorted(agent.kind_of(r) for r in agent.RESULT_TYPES)
+    )
+    return files
 
 
 def event_path(event: type[Event]) -> str:

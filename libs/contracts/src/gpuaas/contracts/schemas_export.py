@@ -33,7 +33,9 @@ from gpuaas.contracts.schema_files import (
 
 def stale_files(directory: Path, rendered: dict[str, str]) -> list[str]:
     """Paths whose committed text differs from the generated text (missing, changed or extra)."""
-    on_disk = {p.relative_to(directory).as_posix() for p in directory.rglob("*.json")} if directory.is_dir() else set()
+    on_disk = (
+        {p.relative_to(directory).as_posix() for p in directory.rglob("*.json")} if directory.is_dir() else set[str]()
+    )
     stale = [path for path, text in rendered.items() if not _same(directory / path, text)]
     return sorted(stale + [path for path in on_disk if path not in rendered])
 

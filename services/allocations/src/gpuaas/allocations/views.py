@@ -85,15 +85,6 @@ class Quota(BaseModel):
 
 
 # An agent task as its agent leases it (no docstring: it would change the OpenAPI description).
-class Task(BaseModel):
-    task_id: uuid.UUID
-    kind: str
-    allocation_id: uuid.UUID | None
-    payload: dict[str, Any]
-    attempts: int
-    lease_expires_at: datetime | None
-
-
 @dataclass(frozen=True)
 class TerminalTarget:
     """The SSH endpoint and account a browser terminal session opens."""

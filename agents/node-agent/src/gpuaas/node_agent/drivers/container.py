@@ -34,6 +34,7 @@ from typing import Any
 
 from gpuaas.node_agent import cdi, safefs, workload
 from gpuaas.node_agent.drivers.base import Driver, DriverError, SessionCommand
+from gpuaas.node_agent.firewall import EgressPolicy
 from gpuaas.node_agent.podman import Podman, PodmanError
 from gpuaas.node_agent.project_network import NetworkError, ProjectNetworks, network_name
 from gpuaas.node_agent.workspace import Workspace
@@ -42,11 +43,17 @@ log = logging.getLogger("gpuaas.node_agent")
 USER_UID = 1000  # the allocation's user inside its container (each container has its own user namespace)
 USERNS_SIZE = 65536
 INIT = "/usr/local/sbin/gpuaas-init"
-SPEC_FORMAT = 2  # bump when the way a container is made changes: older containers are recreated
+SPEC_FORMAT = 3  # bump when the way a container is made changes: older containers are recreated
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 # sh picks bash where the image has it: `sh -c PICK gpuaas-shell -c CMD` or `... -i`
 PICK_SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; exec sh "$@"'
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# What a workload (and apt/dpkg run through sudo) needs of root's powers inside the container; podman's other
+# defaults (SETFCAP, SETPCAP, SYS_CHROOT, MKNOD, NET_RAW, AUDIT_WRITE) are dropped.
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID")
+# no-new-privileges stops setuid sudo: sudo_broker.py, mounted over the sudo the sessions' PATH finds first,
+# asks the container's PID 1 (the broker, root of the container) instead.
+SUDO = "/usr/local/bin/sudo"
 
 
 def container_name(allocation_id: str) -> str:
@@ -104,7 +111,7 @@ class ContainerDriver(Driver):
         self._cdi_kind: str | None = None
         self._cdi_indices: set[int] = set()
         self._verified: set[str] = set()
-        self.networks = ProjectNetworks(self.podman)
+        self.networks = ProjectNetworks(self.podman, EgressPolicy.build(self.s.egress_allow, self.s.egress_resolvers))
 
     # --------------------------------------------------------------------------------------- parts
 
@@ -159,6 +166,14 @@ class ContainerDriver(Driver):
             f"CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()}",
             "--volume",
             f"{ws.home}:/home/{user}:rw,nosuid,nodev",
+            "--cap-drop",
+            "all",
+            "--cap-add",
+            ",".join(CAPABILITIES),
+            "--security-opt",
+            "no-new-privileges",
+            "--volume",
+            f"{self._sudo_file()}:{SUDO}:ro",
         ]
         limits = meta.get("limits") or {}
         args += ["--pids-limit", str(int(limits.get("pids") or 4096))]
@@ -186,15 +201,21 @@ class ContainerDriver(Driver):
         label_args = [x for label in labels for x in ("--label", label)]
         # The container's command creates the user, then idles: no `podman exec` round trip, and a restart
         # runs it again (idempotent). _wait_user() sees from the host side when it is done.
-        command = ["/bin/sh", "-c", f'{INIT} "$0" "$1" && exec {INIT} --idle', ws.username, str(USER_UID)]
+        # PID 1 is the sudo broker: it idles until SIGTERM, or runs the workload and ends with it.
+        command = ["/bin/sh", "-c", f'{INIT} "$0" "$1" && exec {SUDO} --gpuaas-serve "$1"', ws.username, str(USER_UID)]
         if (spec := workload.spec_of(ws.meta)) is not None:
-            command = workload.command(spec, ws.username, USER_UID)
+            command = [SUDO, "--gpuaas-serve", str(USER_UID), "--", *workload.command(spec, ws.username, USER_UID)]
         network = network_name(ws.meta.get("project_id"))
         try:  # --pull=never: images come only through ensure_image's checked pull
             async with self._network(network):
                 await self.podman.run("run", "-d", "--pull=never", "--name", name, *label_args, *args, image, *command)
-        except PodmanError:
+        except PodmanError as exc:
             self._verified.discard(image)  # re-checked next time (e.g. removed from local storage meanwhile)
+            if "already in use" not in str(exc):  # (an existing container is _ensure's to look at)
+                # A failed `podman run` can leave the container Created, holding its address and network.
+                with contextlib.suppress(PodmanError):
+                    await self.podman.remove(name)
+                await self._drop_network(network)
             raise
         try:
             info = await self.podman.inspect(name) or {}
@@ -214,9 +235,20 @@ class ContainerDriver(Driver):
             await self._remove(ws, existed=True)
             raise
 
+    def _sudo_file(self) -> Path:
+        """The broker/client script on the host, bind-mounted read-only into every container."""
+        path = Path(self.s.state_dir).resolve() / "sudo-broker"
+        source = (Path(__file__).parent.parent / "sudo_broker.py").read_bytes()
+        if not path.is_file() or path.read_bytes() != source:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(source)
+            tmp.chmod(0o755)  # root inside the container is an unprivileged host uid: it reads and runs it
+            tmp.replace(path)
+        return path
+
     @contextlib.asynccontextmanager
     async def _network(self, network: str | None) -> AsyncIterator[None]:
-        """The project's network exists (with its host block) while a container is attached to it."""
+        """The project's network exists (contained: firewall.py) while a container is attached to it."""
         if network is None:
             yield
             return

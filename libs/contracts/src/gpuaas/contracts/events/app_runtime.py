@@ -10,6 +10,9 @@ Adapter-owned semantics (component keys, runtime detail, config) stay opaque her
 platform defines the generic lifecycle, not a topology DSL.
 """
 
+# Each event class narrows the envelope's `type: str` to its own Literal (the discriminator of its topic's
+# union): pydantic's way, which the checker calls an incompatible override of a mutable field.
+# pyright: reportIncompatibleVariableOverride=false
 from __future__ import annotations
 
 import uuid
@@ -38,7 +41,7 @@ class OperationKind(StrEnum):
     add = "add"
     drain = "drain"
     remove = "remove"
-    replace = "replace"
+    replace = "replace"  # pyright: ignore[reportAssignmentType]  # shadows the str method
     recover = "recover"
 
 

@@ -1,5 +1,8 @@
 """`gpuaas.audit.v1`: one record per mutation in any service; identity stores and serves them."""
 
+# Each event class narrows the envelope's `type: str` to its own Literal (the discriminator of its topic's
+# union): pydantic's way, which the checker calls an incompatible override of a mutable field.
+# pyright: reportIncompatibleVariableOverride=false
 from __future__ import annotations
 
 from typing import Any, Literal

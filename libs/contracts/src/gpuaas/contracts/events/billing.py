@@ -5,6 +5,9 @@ exactly one usage record (GPU or app) and is keyed by that record's id: the ledg
 second charge for the same record, and a re-publish lands on the same partition.
 """
 
+# Each event class narrows the envelope's `type: str` to its own Literal (the discriminator of its topic's
+# union): pydantic's way, which the checker calls an incompatible override of a mutable field.
+# pyright: reportIncompatibleVariableOverride=false
 from __future__ import annotations
 
 import uuid

@@ -4,6 +4,9 @@ Event-carried state transfer: every event holds the entity's full current state,
 service can rebuild its `gpuaas.kit.iam` projection from the topic alone.
 """
 
+# Each event class narrows the envelope's `type: str` to its own Literal (the discriminator of its topic's
+# union): pydantic's way, which the checker calls an incompatible override of a mutable field.
+# pyright: reportIncompatibleVariableOverride=false
 from __future__ import annotations
 
 import uuid

@@ -17,14 +17,21 @@ from __future__ import annotations
 import asyncio
 import uuid
 from contextlib import suppress
-from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
 from gpuaas.allocations import service
-from gpuaas.allocations.api.schemas import Completion, Progress, Register, Registered, Task
 from gpuaas.allocations.runtime import AllocationsRuntime
 from gpuaas.allocations.settings import Settings
+from gpuaas.contracts.agent import (
+    AgentRegistered,
+    AgentRegistration,
+    CompletionAck,
+    HeartbeatAck,
+    TaskCompletion,
+    TaskLease,
+    TaskProgress,
+)
 from gpuaas.kit.app import Kit
 
 router = APIRouter(prefix="/agent", tags=["agent"])
@@ -35,26 +42,17 @@ def _token(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" else None
 
 
-@router.post("/register", response_model=Registered)
-async def register(kit: Kit, request: Request, body: Register) -> Registered:
+@router.post("/register", response_model=AgentRegistered)
+async def register(kit: Kit, request: Request, body: AgentRegistration) -> AgentRegistered:
     runtime = kit.state_as(AllocationsRuntime)
     async with kit.sessions() as session, session.begin():
         state = await service.register_agent(
             session,
             _token(request),
-            agent_version=body.agent_version,
-            gpus=body.gpus,
-            inventory_source=body.inventory_source,
-            ssh_host=body.ssh_host,
-            ssh_port=body.ssh_port,
-            driver=body.driver,
-            isolates_tenants=body.isolates_tenants,
-            cpu_count=body.cpu_count,
-            memory_mb=body.memory_mb,
-            ssh_host_key=body.ssh_host_key,
+            body,
         )
     runtime.wakeups.notify(state.host_id)
-    return Registered(
+    return AgentRegistered(
         host_id=state.host_id,
         name=state.name,
         status=state.status,
@@ -63,15 +61,15 @@ async def register(kit: Kit, request: Request, body: Register) -> Registered:
     )
 
 
-@router.post("/heartbeat")
-async def heartbeat(kit: Kit, request: Request) -> dict[str, Any]:
+@router.post("/heartbeat", response_model=HeartbeatAck)
+async def heartbeat(kit: Kit, request: Request) -> HeartbeatAck:
     async with kit.sessions() as session, session.begin():
         host = await service.heartbeat(session, _token(request))
-    return {"host_id": str(host.host_id), "status": host.status}
+    return HeartbeatAck(host_id=host.host_id, status=host.status)
 
 
-@router.get("/tasks", response_model=list[Task])
-async def poll_tasks(kit: Kit, request: Request, wait_s: float = Query(20.0, ge=0, le=60)) -> list[Task]:
+@router.get("/tasks", response_model=list[TaskLease])
+async def poll_tasks(kit: Kit, request: Request, wait_s: float = Query(20.0, ge=0, le=60)) -> list[TaskLease]:
     settings = kit.settings_as(Settings)
     async with kit.sessions() as session:
         host_id = await service.agent_host_id(session, _token(request))
@@ -94,25 +92,15 @@ async def poll_tasks(kit: Kit, request: Request, wait_s: float = Query(20.0, ge=
 
 
 @router.post("/tasks/{task_id}/progress", status_code=204)
-async def progress(kit: Kit, request: Request, task_id: uuid.UUID, body: Progress) -> None:
+async def progress(kit: Kit, request: Request, task_id: uuid.UUID, body: TaskProgress) -> None:
     async with kit.sessions() as session, session.begin():
         await service.report_progress(
-            session,
-            _token(request),
-            task_id,
-            phase=body.phase,
-            status=body.status,
-            message=body.message,
-            started_at=body.started_at,
-            finished_at=body.finished_at,
-            lease_s=kit.settings_as(Settings).agent_task_lease_s,
+            session, _token(request), task_id, body, lease_s=kit.settings_as(Settings).agent_task_lease_s
         )
 
 
-@router.post("/tasks/{task_id}/complete")
-async def complete(kit: Kit, request: Request, task_id: uuid.UUID, body: Completion) -> dict[str, Any]:
+@router.post("/tasks/{task_id}/complete", response_model=CompletionAck)
+async def complete(kit: Kit, request: Request, task_id: uuid.UUID, body: TaskCompletion) -> CompletionAck:
     async with kit.sessions() as session, session.begin():
-        applied = await service.complete_task(
-            session, _token(request), task_id, ok=body.ok, message=body.message, result=body.result
-        )
-    return {"applied": applied}
+        applied = await service.complete_task(session, _token(request), task_id, body)
+    return CompletionAck(applied=applied)

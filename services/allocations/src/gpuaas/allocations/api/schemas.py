@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from gpuaas.allocations import domain
-from gpuaas.allocations.views import Allocation, Quota, SshKey, Task, TimelineEntry, VolumeRef
+from gpuaas.allocations.views import Allocation, Quota, SshKey, TimelineEntry, VolumeRef
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import GpuDevice, HostState, VolumeState
 from gpuaas.contracts.scalars import Integer, Name, Text
@@ -19,7 +19,6 @@ __all__ = [
     "Allocation",
     "AllocationCreate",
     "AttachBody",
-    "Completion",
     "CordonBody",
     "GrantCreate",
     "Host",
@@ -29,16 +28,12 @@ __all__ = [
     "HostEnrolment",
     "HostReenrol",
     "HostTenancy",
-    "Progress",
     "Quota",
     "QuotaBody",
-    "Register",
-    "Registered",
     "ResizeBody",
     "RuntimeOption",
     "SshKey",
     "SshKeyCreate",
-    "Task",
     "TimelineEntry",
     "Volume",
     "VolumeCreate",
@@ -217,38 +212,4 @@ class QuotaBody(BaseModel):
 # ------------------------------------------------------------------------------------------------ agents
 
 
-class Register(BaseModel):
-    agent_version: str = Field(max_length=64)
-    gpus: list[GpuDevice] = Field(default_factory=list, max_length=64)
-    inventory_source: Literal["nvidia-smi", "declared"] = "declared"
-    ssh_host: str = Field(max_length=255)
-    ssh_port: Integer = Field(ge=1, le=65535)
-    driver: Literal["container", "process"] | None = None
-    isolates_tenants: bool = False
-    cpu_count: Integer | None = Field(None, ge=1, le=65_536)
-    memory_mb: Integer | None = Field(None, ge=1)
-    ssh_host_key: str | None = Field(
-        None, min_length=20, max_length=16_000, description="OpenSSH public key line of the agent's SSH endpoint"
-    )
-
-
-class Registered(BaseModel):
-    host_id: uuid.UUID
-    name: str
-    status: str
-    heartbeat_interval_s: float
-    ssh_ca_public_key: str = Field(description="trust certificates signed by this key (browser terminal sessions)")
-
-
-class Progress(BaseModel):
-    phase: str = Field(max_length=100)
-    status: Literal["started", "succeeded", "failed", "info"] = "info"
-    message: Text = Field("", max_length=2000)
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-
-
-class Completion(BaseModel):
-    ok: bool
-    message: Text = Field("", max_length=4000)
-    result: dict[str, Any] = Field(default_factory=dict)
+# The node agent's bodies are the protocol contract: `gpuaas.contracts.agent` (AgentRegistration, TaskLease, ...).

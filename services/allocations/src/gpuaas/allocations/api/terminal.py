@@ -83,6 +83,7 @@ async def terminal(websocket: WebSocket, allocation_id: uuid.UUID) -> None:
         log.warning("terminal_ssh_failed", allocation_id=str(allocation_id), error=str(exc))
         await websocket.close(code=4502, reason="the allocation's SSH endpoint cannot be reached")
         return
+    watch: asyncio.Task[Problem] | None = None  # set before `async with`: the checker cannot see it always runs
     async with conn:
         process = await conn.create_process(term_type="xterm-256color", term_size=(cols, rows), encoding=None)
 
@@ -120,7 +121,6 @@ async def terminal(websocket: WebSocket, allocation_id: uuid.UUID) -> None:
         out_task = asyncio.create_task(pump_out())
         in_task = asyncio.create_task(pump_in())
         tasks: set[asyncio.Task[Any]] = {out_task, in_task}
-        watch: asyncio.Task[Problem] | None = None
         if kit.revocations is not None:
             watch = asyncio.create_task(
                 revocation.until_access_lost(kit.revocations, principal, still_allowed, keys=[project_id])

@@ -12,9 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, hosts, platform_keys, ssh_grants, ssh_keys
-from gpuaas.allocations.service.common import _enqueue, _timeline, load_allocation, now
+from gpuaas.allocations.service.common import enqueue_task, load_allocation, now, record_timeline
 from gpuaas.allocations.views import AllocationChange, SshKey, TerminalTarget
 from gpuaas.contracts import Actor, new_event_id
+from gpuaas.contracts.agent import SyncSshKeysTask
 from gpuaas.contracts.enums import AllocationStatus, MembershipScope
 from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.contracts.events.allocations import SshGrantState
@@ -136,16 +137,15 @@ async def _sync_owner_allocations(session: AsyncSession, user_id: uuid.UUID) -> 
 async def sync_keys(session: AsyncSession, alloc: Any) -> None:
     if alloc.status not in SYNCABLE or alloc.host_id is None:
         return
-    await _enqueue(
+    await enqueue_task(
         session,
         alloc.host_id,
         alloc.allocation_id,
-        "sync_ssh_keys",
-        {
-            "allocation_id": str(alloc.allocation_id),
-            "username": alloc.ssh_username,
-            "authorized_keys": await authorized_keys(session, alloc),
-        },
+        SyncSshKeysTask(
+            allocation_id=alloc.allocation_id,
+            username=alloc.ssh_username,
+            authorized_keys=await authorized_keys(session, alloc),
+        ),
     )
 
 
@@ -238,7 +238,7 @@ async def create_grant(
         project_id=alloc.project_id,
         after={"allocation_id": str(alloc_id), "user_id": str(user_id), "fingerprint": fp},
     )
-    await _timeline(session, alloc_id, "access", "info", f"SSH access granted to user {user_id} ({fp})")
+    await record_timeline(session, alloc_id, "access", "info", f"SSH access granted to user {user_id} ({fp})")
     await sync_keys(session, alloc)
     return AllocationChange(body=state, version=alloc.version, host_id=alloc.host_id)
 
@@ -306,7 +306,7 @@ async def _revoke_grant_row(session: AsyncSession, grant: Any, actor: Actor) -> 
     await add_event(
         session, allocation_events.SshGrantRevoked.build(data=grant_state(row), source=SERVICE, actor=actor)
     )
-    await _timeline(session, grant.allocation_id, "access", "info", f"SSH access revoked ({grant.fingerprint})")
+    await record_timeline(session, grant.allocation_id, "access", "info", f"SSH access revoked ({grant.fingerprint})")
     return row
 
 

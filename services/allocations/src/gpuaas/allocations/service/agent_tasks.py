@@ -3,12 +3,13 @@ to its allocation."""
 
 from __future__ import annotations
 
-import ipaddress
-import re
 import uuid
-from datetime import datetime, timedelta
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
 
+from pydantic import ValidationError
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -16,18 +17,37 @@ from gpuaas.allocations import SERVICE
 from gpuaas.allocations.metrics import activated
 from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments
 from gpuaas.allocations.service.agents import host_by_token
-from gpuaas.allocations.service.common import SYSTEM, _free_capacity, _timeline, _transition, alloc_state, now
+from gpuaas.allocations.service.common import SYSTEM, alloc_state, free_capacity, now, record_timeline, transition
 from gpuaas.allocations.service.hosts import load_host
-from gpuaas.allocations.service.launch import workload_endpoint
-from gpuaas.allocations.service.volumes import _detach_all
-from gpuaas.allocations.views import Task
+from gpuaas.allocations.service.volumes import detach_all
+from gpuaas.contracts.agent import (
+    RESULT_TYPES,
+    AttachVolumeResult,
+    DetachVolumeResult,
+    ProvisionResult,
+    ReleaseResult,
+    ResizeResult,
+    ResizeTask,
+    RestartResult,
+    SyncSshKeysResult,
+    TaskCompletion,
+    TaskLease,
+    TaskOutcome,
+    TaskProgress,
+    WorkloadReport,
+    complete_table,
+    parse_result,
+    parse_task,
+)
 from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events import allocations as allocation_events
-from gpuaas.kit.errors import NotFound
+from gpuaas.kit.errors import NotFound, Unprocessable
 from gpuaas.kit.outbox import add_event
 
+R = TypeVar("R", bound=TaskOutcome)
 
-async def claim_tasks(session: AsyncSession, host_id: uuid.UUID, *, lease_s: float, limit: int = 20) -> list[Task]:
+
+async def claim_tasks(session: AsyncSession, host_id: uuid.UUID, *, lease_s: float, limit: int = 20) -> list[TaskLease]:
     """Lease the host's next pending tasks, in the order they were queued."""
     pick = (
         select(agent_tasks.c.task_id)
@@ -47,7 +67,42 @@ async def claim_tasks(session: AsyncSession, host_id: uuid.UUID, *, lease_s: flo
         )
         .returning(*agent_tasks.c)
     )
-    return [Task.model_validate(r, from_attributes=True) for r in sorted(rows.all(), key=lambda r: r.seq)]
+    leases = []
+    for row in sorted(rows.all(), key=lambda r: r.seq):
+        try:
+            leases.append(_lease(row))
+        except ValueError as exc:  # queued by a newer version (a kind or shape this one cannot read)
+            await _fail_unreadable(session, row, exc)
+    return leases
+
+
+def _lease(row: Any) -> TaskLease:
+    """A leased row as the agent receives it; a row queued before tasks carried `kind` gets the row's."""
+    return TaskLease(
+        task_id=row.task_id,
+        kind=row.kind,
+        allocation_id=row.allocation_id,
+        payload=parse_task(row.kind, row.payload),
+        attempts=row.attempts,
+        lease_expires_at=row.lease_expires_at,
+    )
+
+
+def _why(exc: ValueError) -> str:
+    return str(exc.errors()[0]["msg"]) if isinstance(exc, ValidationError) else str(exc)
+
+
+async def _fail_unreadable(session: AsyncSession, row: Any, exc: ValueError) -> None:
+    """A task this version of the service cannot read is never handed out: failed with the reason, so that it
+    does not block the host's queue (after a rollback to an older service, say)."""
+    reason = f"this control plane cannot read a {row.kind!r} task: {_why(exc)}"
+    await session.execute(
+        update(agent_tasks)
+        .where(agent_tasks.c.task_id == row.task_id)
+        .values(status="failed", error=reason, finished_at=now(), lease_token=None, lease_expires_at=None)
+    )
+    if row.allocation_id is not None:
+        await record_timeline(session, row.allocation_id, row.kind, "failed", reason, task_id=row.task_id)
 
 
 async def requeue_expired_tasks(session: AsyncSession) -> int:
@@ -55,8 +110,9 @@ async def requeue_expired_tasks(session: AsyncSession) -> int:
         update(agent_tasks)
         .where(agent_tasks.c.status == "leased", agent_tasks.c.lease_expires_at < now())
         .values(status="pending", lease_token=None, lease_expires_at=None)
+        .returning(agent_tasks.c.task_id)
     )
-    return res.rowcount or 0
+    return len(res.all())
 
 
 async def _task_for_host(session: AsyncSession, host_id: uuid.UUID, task_id: uuid.UUID) -> Any:
@@ -76,12 +132,8 @@ async def report_progress(
     session: AsyncSession,
     token: str | None,
     task_id: uuid.UUID,
+    step: TaskProgress,
     *,
-    phase: str,
-    status: str,
-    message: str,
-    started_at: datetime | None,
-    finished_at: datetime | None,
     lease_s: float,
 ) -> None:
     host = await host_by_token(session, token)
@@ -94,33 +146,38 @@ async def report_progress(
         .values(lease_expires_at=now() + timedelta(seconds=lease_s))
     )
     if task.allocation_id:
-        await _timeline(
+        await record_timeline(
             session,
             task.allocation_id,
-            f"{task.kind}.{phase}",
-            status,
-            message,
+            f"{task.kind}.{step.phase}",
+            step.status,
+            step.message,
             task_id=task_id,
-            started_at=started_at,
-            finished_at=finished_at,
+            started_at=step.started_at,
+            finished_at=step.finished_at,
         )
 
 
-async def complete_task(
-    session: AsyncSession, token: str | None, task_id: uuid.UUID, *, ok: bool, message: str, result: dict[str, Any]
-) -> bool:
-    """Apply a task's outcome once; a repeated report (agent retry, journal replay) is a no-op."""
+async def complete_task(session: AsyncSession, token: str | None, task_id: uuid.UUID, report: TaskCompletion) -> bool:
+    """Apply a task's outcome once; a repeated report (agent retry, journal replay) is a no-op. The result is
+    read as the leased task's kind's `AgentResult` (422 `invalid_task_result` when it is not one)."""
     host = await host_by_token(session, token)
     task = await _task_for_host(session, host.host_id, task_id)
     if task.status in ("succeeded", "failed"):
         return False
+    try:
+        result = parse_result(task.kind, report.result)
+    except ValueError as exc:  # pydantic's ValidationError or KindMismatch
+        raise Unprocessable(
+            f"the result is not a {task.kind} result: {_why(exc)}", code="invalid_task_result"
+        ) from None
     await session.execute(
         update(agent_tasks)
         .where(agent_tasks.c.task_id == task_id)
         .values(
-            status="succeeded" if ok else "failed",
-            result=result,
-            error=None if ok else message,
+            status="succeeded" if report.ok else "failed",
+            result=result.model_dump(mode="json", exclude_unset=True),  # what the agent reported and we read
+            error=None if report.ok else report.message,
             finished_at=now(),
             lease_token=None,
             lease_expires_at=None,
@@ -135,57 +192,65 @@ async def complete_task(
     ).first()
     if alloc is None:
         return True
-    await _timeline(
+    await record_timeline(
         session,
         alloc.allocation_id,
         task.kind,
-        "succeeded" if ok else "failed",
-        message or ("done" if ok else "failed"),
+        "succeeded" if report.ok else "failed",
+        report.message or ("done" if report.ok else "failed"),
         task_id=task_id,
         started_at=task.created_at,
     )
-    handler = _OUTCOMES.get(task.kind)
-    if handler is not None:
-        await handler(session, alloc, task, ok, message, result)
+    await _OUTCOMES[type(result)](session, Completed(alloc, task, report.ok, report.message, result))
     return True
 
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+@dataclass(frozen=True)
+class Completed(Generic[R]):
+    """A reported outcome with what it applies to: the allocation (locked) and the task row."""
+
+    alloc: Any
+    task: Any
+    ok: bool
+    message: str
+    result: R
 
 
-def reported_network(result: dict[str, Any], keep: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The allocation's project-network address as its agent reports it (container driver), checked for shape:
-    a name, an IP address, a hostname. Absent from the result (an older agent): `keep`."""
-    if "network" not in result:
+def reported_network(
+    result: ProvisionResult | RestartResult | ResizeResult, keep: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The allocation's project-network address as its agent reports it (container driver), as validated by
+    the contract (`NetworkInfo`: a name, an IP address or None, a hostname or None). Absent from the result
+    (an older agent): `keep`. The scope is the service's: only host-local networks exist."""
+    if "network" not in result.model_fields_set:
         return keep
-    net = result["network"]
-    if not isinstance(net, dict) or not _NAME.match(str(net.get("name") or "")):
+    if result.network is None:
         return None
-    try:
-        address = str(ipaddress.ip_address(str(net.get("address")))) if net.get("address") else None
-    except ValueError:
-        address = None
-    hostname = str(net.get("hostname") or "")
-    return {
-        "name": str(net["name"]),
-        "address": address,
-        "hostname": hostname if _NAME.match(hostname) else None,
-        "scope": "host",
-    }
+    return {**result.network.model_dump(mode="json"), "scope": "host"}
 
 
-async def _on_provision(
-    session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
-) -> None:
+def workload_endpoint(
+    runtime: dict[str, Any] | None, host: Any, reported: WorkloadReport | None
+) -> dict[str, Any] | None:
+    """The runtime record with the workload's endpoint: the ENROLLED host address and the reported port (the
+    contract bounds it to 1-65535; a malformed report arrives as None)."""
+    if not (runtime or {}).get("workload") or reported is None:
+        return None
+    endpoint = {"host": host.ssh_host, "port": reported.host_port, "healthy": reported.healthy}
+    return {**(runtime or {}), "workload_endpoint": endpoint}
+
+
+async def _on_provision(session: AsyncSession, c: Completed[ProvisionResult]) -> None:
+    alloc, task, result = c.alloc, c.task, c.result
     if alloc.status != AllocationStatus.provisioning:
         return
-    if ok:
+    if c.ok:
         # The endpoint is the enrolled host's (pinned), never what the completion reports: a holder of
         # the node token must not be able to point users or the browser terminal elsewhere.
         host = await load_host(session, alloc.host_id)
-        reported = (result.get("ssh_host"), result.get("ssh_port"))
+        reported = (result.ssh_host, result.ssh_port)
         if reported != (None, None) and reported != (host.ssh_host, host.ssh_port):
-            await _timeline(
+            await record_timeline(
                 session,
                 alloc.allocation_id,
                 "provision",
@@ -196,8 +261,8 @@ async def _on_provision(
             )
         t = now()
         # A launchable workload (issue 21): its endpoint is the enrolled host's address + the published port.
-        runtime = workload_endpoint(alloc.runtime, host, result)
-        row = await _transition(
+        runtime = workload_endpoint(alloc.runtime, host, result.workload)
+        row = await transition(
             session,
             alloc,
             AllocationStatus.active,
@@ -213,49 +278,49 @@ async def _on_provision(
             session, allocation_events.AllocationActivated.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )
     else:
-        await _free_capacity(session, alloc.allocation_id)
-        await _detach_all(session, alloc.allocation_id, deleting=False)
-        row = await _transition(
-            session, alloc, AllocationStatus.failed, failure_reason=message or "provisioning failed"
+        await free_capacity(session, alloc.allocation_id)
+        await detach_all(session, alloc.allocation_id, deleting=False)
+        row = await transition(
+            session, alloc, AllocationStatus.failed, failure_reason=c.message or "provisioning failed"
         )
         await add_event(
             session, allocation_events.AllocationFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )
 
 
-async def _on_restart(
-    session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
-) -> None:
+async def _on_restart(session: AsyncSession, c: Completed[RestartResult]) -> None:
+    alloc = c.alloc
     if alloc.status != AllocationStatus.restarting:
         return
-    if ok:
-        network = reported_network(result, alloc.network)
-        row = await _transition(session, alloc, AllocationStatus.active, failure_reason=None, network=network)
+    if c.ok:
+        network = reported_network(c.result, alloc.network)
+        row = await transition(session, alloc, AllocationStatus.active, failure_reason=None, network=network)
         await add_event(
             session, allocation_events.AllocationRestarted.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )
     else:
-        row = await _transition(session, alloc, AllocationStatus.active, failure_reason=f"restart failed: {message}")
+        row = await transition(session, alloc, AllocationStatus.active, failure_reason=f"restart failed: {c.message}")
         await add_event(
             session,
             allocation_events.AllocationRestartFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM),
         )
 
 
-async def _on_resize(
-    session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
-) -> None:
+async def _on_resize(session: AsyncSession, c: Completed[ResizeResult]) -> None:
+    alloc = c.alloc
     if alloc.status != AllocationStatus.resizing:
         return
     target = list(alloc.target_gpu_indices or [])
-    keep = target if ok else list(alloc.gpu_indices)
+    keep = target if c.ok else list(alloc.gpu_indices)
     await session.execute(
         delete(gpu_assignments).where(
             gpu_assignments.c.allocation_id == alloc.allocation_id, gpu_assignments.c.gpu_index.notin_(keep)
         )
     )
-    if ok:
-        row = await _transition(
+    if c.ok:
+        task = parse_task(c.task.kind, c.task.payload)
+        limits = task.limits if isinstance(task, ResizeTask) else None
+        row = await transition(
             session,
             alloc,
             AllocationStatus.active,
@@ -264,39 +329,39 @@ async def _on_resize(
             target_gpu_count=None,
             target_gpu_indices=None,
             failure_reason=None,
-            limits=task.payload.get("limits") if alloc.runtime else alloc.limits,
-            network=reported_network(result, alloc.network),  # a recreated container may have a new address
+            limits=(limits.model_dump(mode="json") if limits else None) if alloc.runtime else alloc.limits,
+            network=reported_network(c.result, alloc.network),  # a recreated container may have a new address
         )
         await add_event(
             session, allocation_events.AllocationResized.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )
     else:
-        row = await _transition(
+        row = await transition(
             session,
             alloc,
             AllocationStatus.active,
             target_gpu_count=None,
             target_gpu_indices=None,
-            failure_reason=f"resize failed: {message}",
+            failure_reason=f"resize failed: {c.message}",
         )
         await add_event(
             session, allocation_events.AllocationResizeFailed.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )
 
 
-async def _on_release(
-    session: AsyncSession, alloc: Any, task: Any, ok: bool, message: str, result: dict[str, Any]
-) -> None:
+async def _on_release(session: AsyncSession, c: Completed[ReleaseResult]) -> None:
+    alloc = c.alloc
     if alloc.status != AllocationStatus.releasing:
         return
-    evidence = result.get("evidence") if isinstance(result.get("evidence"), dict) else None
+    evidence = c.result.evidence
+    stored = evidence.model_dump(mode="json", exclude_unset=True) if evidence is not None else None
     if evidence is not None:
-        outcome = "succeeded" if ok else "failed"
-        await _timeline(session, alloc.allocation_id, "release.evidence", outcome, _evidence_summary(evidence))
-    if ok:
-        await _free_capacity(session, alloc.allocation_id)
-        await _detach_all(session, alloc.allocation_id, deleting=True)
-        row = await _transition(
+        outcome = "succeeded" if c.ok else "failed"
+        await record_timeline(session, alloc.allocation_id, "release.evidence", outcome, evidence.summary())
+    if c.ok:
+        await free_capacity(session, alloc.allocation_id)
+        await detach_all(session, alloc.allocation_id, deleting=True)
+        row = await transition(
             session,
             alloc,
             AllocationStatus.released,
@@ -304,18 +369,18 @@ async def _on_release(
             failure_reason=None,
             target_gpu_count=None,
             target_gpu_indices=None,
-            release_evidence=evidence,
+            release_evidence=stored,
         )
         await add_event(
             session, allocation_events.AllocationReleased.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM)
         )
     else:
-        row = await _transition(
+        row = await transition(
             session,
             alloc,
             AllocationStatus.release_failed,
-            failure_reason=message or "release failed",
-            release_evidence=evidence,
+            failure_reason=c.message or "release failed",
+            release_evidence=stored,
         )
         await add_event(
             session,
@@ -323,12 +388,19 @@ async def _on_release(
         )
 
 
-def _evidence_summary(evidence: dict[str, Any]) -> str:
-    """One line for the timeline: each boolean check the agent made and its outcome, then what it lists."""
-    flags = [f"{k}={'yes' if v else 'NO'}" for k, v in evidence.items() if isinstance(v, bool)]
-    checked = evidence.get("checked")
-    listed = f"; checked: {', '.join(map(str, checked))}" if isinstance(checked, list) and checked else ""
-    return "release evidence: " + (", ".join(flags) or "none reported") + listed
+async def _timeline_only(session: AsyncSession, c: Completed[TaskOutcome]) -> None:
+    """Key sync and volume changes: the task's timeline entry (written above) is the whole outcome."""
 
 
-_OUTCOMES = {"provision": _on_provision, "restart": _on_restart, "resize": _on_resize, "release": _on_release}
+# The outcome of each result type; a result type without an entry fails at import. The values take
+# `Completed[Any]`: each handler's own signature names its result type, the key pairs them.
+_OUTCOMES: dict[type[TaskOutcome], Callable[[AsyncSession, Completed[Any]], Awaitable[None]]] = {
+    ProvisionResult: _on_provision,
+    RestartResult: _on_restart,
+    ResizeResult: _on_resize,
+    ReleaseResult: _on_release,
+    SyncSshKeysResult: _timeline_only,
+    AttachVolumeResult: _timeline_only,
+    DetachVolumeResult: _timeline_only,
+}
+complete_table(_OUTCOMES, RESULT_TYPES, "allocations' agent task outcomes")

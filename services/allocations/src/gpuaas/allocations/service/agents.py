@@ -13,11 +13,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaas.allocations import SERVICE
 from gpuaas.allocations.metrics import heartbeat_lost
 from gpuaas.allocations.models import agent_tasks, allocations, hosts
-from gpuaas.allocations.service.common import SYSTEM, _timeline, _update_alloc, alloc_state, now
-from gpuaas.allocations.service.hosts import _update_host, hash_token, host_key_pin, host_state
+from gpuaas.allocations.service.common import SYSTEM, alloc_state, now, record_timeline, update_allocation
+from gpuaas.allocations.service.hosts import hash_token, host_key_pin, host_state, update_host
+from gpuaas.contracts.agent import AgentRegistration
 from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events import allocations as allocation_events
-from gpuaas.contracts.events.allocations import GpuDevice, HostState, HostStatus
+from gpuaas.contracts.events.allocations import HostState, HostStatus
 from gpuaas.kit import audit
 from gpuaas.kit.errors import Conflict, Unauthorized
 from gpuaas.kit.logging import get_logger
@@ -42,21 +43,7 @@ async def agent_host_id(session: AsyncSession, token: str | None) -> uuid.UUID:
     return host_id
 
 
-async def register_agent(
-    session: AsyncSession,
-    token: str | None,
-    *,
-    agent_version: str,
-    gpus: list[GpuDevice],
-    inventory_source: str,
-    ssh_host: str,
-    ssh_port: int,
-    driver: str | None = None,
-    isolates_tenants: bool = False,
-    cpu_count: int | None = None,
-    memory_mb: int | None = None,
-    ssh_host_key: str | None = None,
-) -> HostState:
+async def register_agent(session: AsyncSession, token: str | None, body: AgentRegistration) -> HostState:
     """The agent (re)starts: inventory, driver, endpoint; the host becomes `ready` (or returns from
     `unreachable`). Tasks it had leased are handed out again at once: a restarted agent replays
     its journal for the ones it had finished, so nothing is lost and nothing runs twice.
@@ -66,25 +53,25 @@ async def register_agent(
     `host_endpoint_mismatch`): the node token alone must not let anyone redirect users' SSH and the
     browser terminal. An operator re-enrolment resets the pins."""
     host = await host_by_token(session, token, lock=True)
-    pins = _check_pins(host, ssh_host=ssh_host, ssh_port=ssh_port, ssh_host_key=ssh_host_key)
+    pins = _check_pins(host, ssh_host=body.ssh_host, ssh_port=body.ssh_port, ssh_host_key=body.ssh_host_key)
     status = host.status
     if status == HostStatus.enrolling:
         status = HostStatus.ready
     elif status == HostStatus.unreachable:
         status = host.status_before_unreachable or HostStatus.ready
-    row = await _update_host(
+    row = await update_host(
         session,
         host.host_id,
         status=status,
-        agent_version=agent_version,
-        inventory_source=inventory_source,
-        gpus=[g.model_dump(mode="json") for g in gpus],
+        agent_version=body.agent_version,
+        inventory_source=body.inventory_source,
+        gpus=[g.model_dump(mode="json") for g in body.gpus],
         last_heartbeat_at=now(),
         status_before_unreachable=None,
-        driver=driver,
-        isolates_tenants=isolates_tenants,
-        cpu_count=cpu_count,
-        memory_mb=memory_mb,
+        driver=body.driver,
+        isolates_tenants=body.isolates_tenants,
+        cpu_count=body.cpu_count,
+        memory_mb=body.memory_mb,
         **pins,
     )
     await session.execute(
@@ -104,10 +91,10 @@ async def register_agent(
         before={"status": host.status},
         after={
             "status": status,
-            "gpus": len(gpus),
-            "agent_version": agent_version,
-            "driver": driver,
-            "isolates_tenants": isolates_tenants,
+            "gpus": len(body.gpus),
+            "agent_version": body.agent_version,
+            "driver": body.driver,
+            "isolates_tenants": body.isolates_tenants,
             **({"pinned": sorted(pins)} if pins else {}),
         },
     )
@@ -150,7 +137,7 @@ def _check_pins(host: Any, *, ssh_host: str, ssh_port: int, ssh_host_key: str | 
 async def heartbeat(session: AsyncSession, token: str | None) -> HostState:
     host = await host_by_token(session, token, lock=True)
     if host.status == HostStatus.unreachable:
-        row = await _update_host(
+        row = await update_host(
             session,
             host.host_id,
             status=host.status_before_unreachable or HostStatus.ready,
@@ -191,7 +178,7 @@ async def mark_lost_hosts(session: AsyncSession, *, timeout_s: float) -> list[uu
     ).all()
     lost = []
     for host in rows:
-        row = await _update_host(
+        row = await update_host(
             session, host.host_id, status=HostStatus.unreachable, status_before_unreachable=host.status
         )
         await add_event(
@@ -227,12 +214,12 @@ async def _set_attention_for_host(session: AsyncSession, host_id: uuid.UUID, att
         .with_for_update()
     )
     for (alloc_id,) in rows:
-        row = await _update_alloc(session, alloc_id, attention=attention)
+        row = await update_allocation(session, alloc_id, attention=attention)
         await add_event(
             session,
             allocation_events.AllocationAttentionChanged.build(data=alloc_state(row), source=SERVICE, actor=SYSTEM),
         )
-        await _timeline(
+        await record_timeline(
             session,
             alloc_id,
             "host",

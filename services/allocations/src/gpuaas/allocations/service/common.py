@@ -13,8 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments, timeline, volume_attachments
 from gpuaas.contracts import Actor, new_event_id
+from gpuaas.contracts.agent import AgentTask, RuntimeImage
 from gpuaas.contracts.enums import AllocationStatus
-from gpuaas.contracts.events.allocations import AllocationState, SshEndpoint
+from gpuaas.contracts.events.allocations import AllocationLimits, AllocationState, SshEndpoint, WorkloadSpec
 from gpuaas.kit import iam, workload_tokens
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import NotFound
@@ -76,11 +77,11 @@ class _Row(dict):  # type: ignore[type-arg]
     __getattr__ = dict.__getitem__
 
 
-async def _with_volumes(session: AsyncSession, row: Any) -> Any:
-    return (await _with_volumes_many(session, [row]))[0]
+async def with_volumes(session: AsyncSession, row: Any) -> Any:
+    return (await with_volumes_many(session, [row]))[0]
 
 
-async def _with_volumes_many(session: AsyncSession, rows: list[Any]) -> list[Any]:
+async def with_volumes_many(session: AsyncSession, rows: list[Any]) -> list[Any]:
     """Each row with its attached volume ids (in attach order), in one query for the whole list."""
     attached: dict[uuid.UUID, list[uuid.UUID]] = {r.allocation_id: [] for r in rows}
     if rows:
@@ -94,7 +95,7 @@ async def _with_volumes_many(session: AsyncSession, rows: list[Any]) -> list[Any
     return [_Row({**r._mapping, "volume_ids": attached[r.allocation_id]}) for r in rows]
 
 
-async def _update_alloc(session: AsyncSession, alloc_id: uuid.UUID, **values: Any) -> Any:
+async def update_allocation(session: AsyncSession, alloc_id: uuid.UUID, **values: Any) -> Any:
     row = (
         await session.execute(
             update(allocations)
@@ -103,13 +104,13 @@ async def _update_alloc(session: AsyncSession, alloc_id: uuid.UUID, **values: An
             .returning(*allocations.c)
         )
     ).one()
-    return await _with_volumes(session, row)
+    return await with_volumes(session, row)
 
 
-async def _transition(session: AsyncSession, alloc: Any, target: AllocationStatus, **values: Any) -> Any:
+async def transition(session: AsyncSession, alloc: Any, target: AllocationStatus, **values: Any) -> Any:
     domain.check_transition(alloc.status, target, action=target.value)
-    row = await _update_alloc(session, alloc.allocation_id, status=target, status_changed_at=now(), **values)
-    await _timeline(
+    row = await update_allocation(session, alloc.allocation_id, status=target, status_changed_at=now(), **values)
+    await record_timeline(
         session,
         alloc.allocation_id,
         "status",
@@ -119,7 +120,7 @@ async def _transition(session: AsyncSession, alloc: Any, target: AllocationStatu
     return row
 
 
-async def _timeline(
+async def record_timeline(
     session: AsyncSession,
     alloc_id: uuid.UUID,
     phase: str,
@@ -145,22 +146,30 @@ async def _timeline(
     )
 
 
-async def _enqueue(
-    session: AsyncSession, host_id: uuid.UUID, alloc_id: uuid.UUID | None, kind: str, payload: dict[str, Any]
+async def enqueue_task(
+    session: AsyncSession, host_id: uuid.UUID, alloc_id: uuid.UUID | None, task: AgentTask
 ) -> uuid.UUID:
+    """Queue `task` for the host's agent (its row holds the task as JSON, `kind` included) and wake a long-poll."""
     task_id = new_event_id()
     await session.execute(
         insert(agent_tasks).values(
-            task_id=task_id, host_id=host_id, allocation_id=alloc_id, kind=kind, payload=payload, status="pending"
+            task_id=task_id,
+            host_id=host_id,
+            allocation_id=alloc_id,
+            kind=task.kind,
+            payload=task.model_dump(mode="json"),
+            status="pending",
         )
     )
     if alloc_id is not None:
-        await _timeline(session, alloc_id, kind, "started", f"{kind} queued for the host agent", task_id=task_id)
+        await record_timeline(
+            session, alloc_id, task.kind, "started", f"{task.kind} queued for the host agent", task_id=task_id
+        )
     await session.execute(text("SELECT pg_notify('allocations_tasks', :h)"), {"h": str(host_id)})
     return task_id
 
 
-async def _free_capacity(session: AsyncSession, alloc_id: uuid.UUID) -> None:
+async def free_capacity(session: AsyncSession, alloc_id: uuid.UUID) -> None:
     await session.execute(delete(gpu_assignments).where(gpu_assignments.c.allocation_id == alloc_id))
 
 
@@ -188,13 +197,22 @@ async def load_allocation(
             await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
         ).one()
     check_version(row.version, expected_version)
-    return await _with_volumes(session, row)
+    return await with_volumes(session, row)
 
 
-def workload_payload(runtime: dict[str, Any] | None) -> dict[str, Any]:
-    """The workload part of a provision/restart task: the spec and its secret (never in an event)."""
+def workload_payload(runtime: dict[str, Any] | None) -> tuple[WorkloadSpec | None, str | None]:
+    """The workload part of a provision/restart/resize task: the spec and its secret (never in an event)."""
     spec = (runtime or {}).get("workload")
     if not spec:
-        return {}
-    token = workload_tokens.derive(workload_tokens.key_from_env(), spec["instance_id"])
-    return {"workload": spec, "workload_token": token}
+        return None, None
+    workload = WorkloadSpec.model_validate(spec)
+    return workload, workload_tokens.derive(workload_tokens.key_from_env(), str(workload.instance_id))
+
+
+def runtime_image(runtime: dict[str, Any] | None) -> RuntimeImage | None:
+    """The image a container allocation runs (pinned by digest), from its runtime record."""
+    return RuntimeImage(image=runtime["image"], digest=runtime["digest"]) if runtime else None
+
+
+def container_limits(limits: dict[str, Any] | None) -> AllocationLimits | None:
+    return AllocationLimits.model_validate(limits) if limits else None

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, hosts
-from gpuaas.allocations.service.lifecycle import _request_release
+from gpuaas.allocations.service.lifecycle import request_release
 from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events import allocations as allocation_events
@@ -128,7 +128,7 @@ async def rotate_node_token(session: AsyncSession, principal: Principal, host_id
     await iam.authorize(session, principal, "allocations.host.manage")
     await load_host(session, host_id, lock=True)
     token = "gpn_" + secrets.token_urlsafe(32)
-    row = await _update_host(session, host_id, node_token_hash=hash_token(token))
+    row = await update_host(session, host_id, node_token_hash=hash_token(token))
     await audit.record(
         session,
         service=SERVICE,
@@ -154,7 +154,7 @@ async def reenrol_host(
         raise Conflict("the host is decommissioned", code="host_decommissioned")
     token = "gpn_" + secrets.token_urlsafe(32)
     key_pin = host_key_pin(pins.get("ssh_host_key")) or {"ssh_host_key": None, "ssh_host_key_fingerprint": None}
-    row = await _update_host(
+    row = await update_host(
         session,
         host_id,
         node_token_hash=hash_token(token),
@@ -182,7 +182,7 @@ async def set_tenancy(
     stop it; allocations already there stay). Audited with the reason."""
     await iam.authorize(session, principal, "allocations.host.manage")
     before = await load_host(session, host_id, lock=True)
-    row = await _update_host(session, host_id, shared_tenancy_allowed=shared_tenancy_allowed)
+    row = await update_host(session, host_id, shared_tenancy_allowed=shared_tenancy_allowed)
     return await _announce(
         session,
         principal,
@@ -212,7 +212,7 @@ async def load_host(session: AsyncSession, host_id: uuid.UUID, *, lock: bool = F
     return row
 
 
-async def _update_host(session: AsyncSession, host_id: uuid.UUID, **values: Any) -> Any:
+async def update_host(session: AsyncSession, host_id: uuid.UUID, **values: Any) -> Any:
     return (
         await session.execute(
             update(hosts)
@@ -264,7 +264,7 @@ async def cordon_host(
         values["status_before_unreachable"] = HostStatus.cordoned
     else:
         values["status"] = HostStatus.cordoned
-    row = await _update_host(session, host_id, **values)
+    row = await update_host(session, host_id, **values)
     state = await _announce(
         session,
         principal,
@@ -285,7 +285,7 @@ async def cordon_host(
             )
         )
         for (alloc_id,) in live:
-            await _request_release(session, principal.actor, alloc_id, reason=f"host drained: {reason}")
+            await request_release(session, principal.actor, alloc_id, reason=f"host drained: {reason}")
     return state
 
 
@@ -293,9 +293,9 @@ async def uncordon_host(session: AsyncSession, principal: Principal, host_id: uu
     await iam.authorize(session, principal, "allocations.host.manage")
     before = await load_host(session, host_id, lock=True)
     if before.status == HostStatus.unreachable:
-        row = await _update_host(session, host_id, cordon_reason=None, status_before_unreachable=HostStatus.ready)
+        row = await update_host(session, host_id, cordon_reason=None, status_before_unreachable=HostStatus.ready)
     elif before.status == HostStatus.cordoned:
-        row = await _update_host(session, host_id, cordon_reason=None, status=HostStatus.ready)
+        row = await update_host(session, host_id, cordon_reason=None, status=HostStatus.ready)
     else:
         raise Conflict(f"the host is {before.status}, not cordoned", code="host_not_cordoned")
     return await _announce(

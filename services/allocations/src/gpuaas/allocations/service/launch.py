@@ -22,11 +22,11 @@ from sqlalchemy import insert, select
 
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, catalog_artifacts
-from gpuaas.allocations.service.common import SYSTEM, _timeline, _transition, _with_volumes, alloc_state, now
+from gpuaas.allocations.service.common import SYSTEM, alloc_state, now, record_timeline, transition, with_volumes
 from gpuaas.allocations.service.host_classes import limits_for
-from gpuaas.allocations.service.lifecycle import _request_release, _start_provisioning
-from gpuaas.allocations.service.placement import _place
-from gpuaas.allocations.service.quotas import _check_quota
+from gpuaas.allocations.service.lifecycle import request_release, start_provisioning
+from gpuaas.allocations.service.placement import place
+from gpuaas.allocations.service.quotas import check_quota
 from gpuaas.contracts import Actor, Event
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape
 from gpuaas.contracts.events import allocations as allocation_events
@@ -89,20 +89,20 @@ async def launch_allocation(session: Any, inst: InstanceState, actor: Actor) -> 
             runtime=runtime,
         )
     )
-    requested = await _with_volumes(
+    requested = await with_volumes(
         session, (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).one()
     )
     events: list[Event] = [
         allocation_events.AllocationRequested.build(data=alloc_state(requested), source=SERVICE, actor=actor)
     ]
-    await _timeline(session, alloc_id, "status", "info", f"requested by app instance {inst.instance_id} (launch)")
+    await record_timeline(session, alloc_id, "status", "info", f"requested by app instance {inst.instance_id} (launch)")
     nested = await session.begin_nested()
     try:
         if (why := await _artifact_offered(session, launch.image, launch.digest, inst.tenant_id)) is not None:
             raise Problem(f"the app's image cannot run: {why}")
         workload_tokens.key_from_env()  # refuse now rather than at the agent
-        await _check_quota(session, inst.project_id, launch.gpu_count)
-        host, picked = await _place(
+        await check_quota(session, inst.project_id, launch.gpu_count)
+        host, picked = await place(
             session,
             shape=CapacityShape.gpu_slice,
             model=launch.gpu_model,
@@ -116,12 +116,12 @@ async def launch_allocation(session: Any, inst: InstanceState, actor: Actor) -> 
     except (Problem, workload_tokens.WorkloadTokenKeyMissing) as exc:
         await nested.rollback()
         reason = getattr(exc, "detail", None) or str(exc)
-        row = await _transition(session, requested, AllocationStatus.failed, failure_reason=f"launch failed: {reason}")
+        row = await transition(session, requested, AllocationStatus.failed, failure_reason=f"launch failed: {reason}")
         events.append(allocation_events.AllocationFailed.build(data=alloc_state(row), source=SERVICE, actor=actor))
         await add_events(session, events)
         return
     await nested.commit()
-    await _start_provisioning(
+    await start_provisioning(
         session,
         requested,
         host,
@@ -156,18 +156,4 @@ async def release_launch_allocation(session: Any, inst: InstanceState, actor: Ac
     ).first()
     if alloc is None or alloc.status != AllocationStatus.active:
         return  # still provisioning: released when app-runtime sees it active for a decommissioned instance
-    await _request_release(
-        session, actor, alloc.allocation_id, reason=f"app instance {inst.instance_id} decommissioned"
-    )
-
-
-def workload_endpoint(runtime: dict[str, Any] | None, host: Any, result: dict[str, Any]) -> dict[str, Any] | None:
-    """The runtime record with the workload's endpoint: the ENROLLED host address and the reported port."""
-    reported = result.get("workload") or {}
-    if not (runtime or {}).get("workload") or not reported.get("host_port"):
-        return None
-    port = int(reported["host_port"])
-    if not 1 <= port <= 65535:
-        return None
-    endpoint = {"host": host.ssh_host, "port": port, "healthy": bool(reported.get("healthy"))}
-    return {**(runtime or {}), "workload_endpoint": endpoint}
+    await request_release(session, actor, alloc.allocation_id, reason=f"app instance {inst.instance_id} decommissioned")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -16,24 +16,27 @@ from gpuaas.allocations.metrics import refused
 from gpuaas.allocations.models import allocations, app_members, gpu_assignments, hosts, volume_attachments, volumes
 from gpuaas.allocations.service.access import authorized_keys
 from gpuaas.allocations.service.common import (
-    _enqueue,
-    _timeline,
-    _transition,
-    _update_alloc,
-    _with_volumes,
-    _with_volumes_many,
     alloc_state,
+    container_limits,
+    enqueue_task,
     load_allocation,
     now,
+    record_timeline,
+    runtime_image,
+    transition,
+    update_allocation,
+    with_volumes,
+    with_volumes_many,
     workload_payload,
 )
 from gpuaas.allocations.service.host_classes import limits_for, runtime_and_limits
-from gpuaas.allocations.service.placement import _capacities, _place
-from gpuaas.allocations.service.quotas import _check_quota
+from gpuaas.allocations.service.placement import capacities, place
+from gpuaas.allocations.service.quotas import check_quota
 from gpuaas.allocations.service.runtimes import resolve_runtime
-from gpuaas.allocations.service.volumes import _attach, _volume_mounts, volume_summaries
+from gpuaas.allocations.service.volumes import attach_to_allocation, volume_mounts, volume_summaries
 from gpuaas.allocations.views import Allocation, AllocationChange, AllocationNetwork, VolumeRef
 from gpuaas.contracts import Actor, Event, new_event_id
+from gpuaas.contracts.agent import ProvisionTask, ReleaseTask, ReleaseVolume, ResizeTask, RestartTask
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape
 from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.kit import audit, iam, paging
@@ -41,6 +44,8 @@ from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Unprocessable
 from gpuaas.kit.outbox import add_event, add_events
 from gpuaas.kit.paging import PageRequest
+
+W = TypeVar("W", ProvisionTask, RestartTask)
 
 LIVE_MEMBER = ("pending", "starting", "active", "draining", "stopping")
 
@@ -68,7 +73,7 @@ async def create_allocation(
         raise Unprocessable("gpu_count is required for a gpu_slice", code="gpu_count_required")
     if runtime is not None:
         await resolve_runtime(session, runtime, tenant_id)
-    await _check_quota(session, project_id, gpu_count or 1)
+    await check_quota(session, project_id, gpu_count or 1)
     alloc_id = new_event_id()
     t = now()
     # Insert first (requested) so the GPU reservations can reference it; all in this transaction.
@@ -90,7 +95,7 @@ async def create_allocation(
             requested_at=t,
         )
     )
-    host, picked = await _place(
+    host, picked = await place(
         session,
         shape=shape,
         model=gpu_model,
@@ -107,20 +112,20 @@ async def create_allocation(
         await session.execute(
             update(allocations).where(allocations.c.allocation_id == alloc_id).values(gpu_count=len(picked))
         )
-        await _check_quota(session, project_id, 0)
-    requested = await _with_volumes(
+        await check_quota(session, project_id, 0)
+    requested = await with_volumes(
         session, (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).one()
     )
     events: list[Event] = [
         allocation_events.AllocationRequested.build(data=alloc_state(requested), source=SERVICE, actor=principal.actor)
     ]
-    await _timeline(session, alloc_id, "status", "info", "requested")
+    await record_timeline(session, alloc_id, "status", "info", "requested")
     for vid in volume_ids:
-        await _attach(session, principal, alloc_id, project_id, vid, emit_task=False)
+        await attach_to_allocation(session, principal, alloc_id, project_id, vid, emit_task=False)
     note = (f"; runtime {runtime_ref.slug} {runtime_ref.version} ({runtime_ref.digest})" if runtime_ref else "") + (
         f"; limits {limits['cpus']} CPUs, {limits['memory_mb']} MB, {limits['pids']} pids" if limits else ""
     )
-    row = await _start_provisioning(
+    row = await start_provisioning(
         session,
         requested,
         host,
@@ -145,7 +150,7 @@ async def create_allocation(
     return await _changed(session, row)
 
 
-async def _start_provisioning(
+async def start_provisioning(
     session: AsyncSession,
     requested: Any,
     host: Any,
@@ -159,7 +164,7 @@ async def _start_provisioning(
 ) -> Any:
     """A placed allocation: provisioning on `host` with GPUs `picked`, the placement on its timeline, `events`
     plus allocation.provisioning in the outbox, and the provision task queued for the host's agent."""
-    row = await _transition(
+    row = await transition(
         session,
         requested,
         AllocationStatus.provisioning,
@@ -170,7 +175,7 @@ async def _start_provisioning(
         runtime=runtime,
         limits=limits,
     )
-    await _timeline(
+    await record_timeline(
         session,
         row.allocation_id,
         "placement",
@@ -179,33 +184,29 @@ async def _start_provisioning(
     )
     events.append(allocation_events.AllocationProvisioning.build(data=alloc_state(row), source=SERVICE, actor=actor))
     await add_events(session, events)
-    await _enqueue(
-        session, host.host_id, row.allocation_id, "provision", await _workspace_payload(session, row, picked)
+    await enqueue_task(
+        session, host.host_id, row.allocation_id, await _workspace_task(ProvisionTask, session, row, picked)
     )
     return row
 
 
-async def _workspace_payload(session: AsyncSession, row: Any, gpu_indices: list[int]) -> dict[str, Any]:
+async def _workspace_task(task_type: type[W], session: AsyncSession, row: Any, gpu_indices: list[int]) -> W:
     """What the agent (re)builds an allocation's workspace from: account, GPUs, keys, volumes, and on a
-    container host the runtime image (pinned by digest) and the container's limits."""
-    return {
-        "allocation_id": str(row.allocation_id),
-        "username": row.ssh_username,
-        "gpu_indices": gpu_indices,
-        "authorized_keys": await authorized_keys(session, row),
-        "volumes": await _volume_mounts(session, row.allocation_id),
-        "project_id": str(row.project_id),  # the container driver's project network
-        "tenant_id": str(row.tenant_id),
-        **_runtime_payload(row.runtime, row.limits),
-    }
-
-
-def _runtime_payload(runtime: dict[str, Any] | None, limits: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        "runtime": {"image": runtime["image"], "digest": runtime["digest"]} if runtime else None,
-        "limits": limits,
-        **workload_payload(runtime),  # a launchable app's workload and its secret (service/common.py)
-    }
+    container host the runtime image (pinned by digest), the container's limits and a launchable workload."""
+    workload, workload_token = workload_payload(row.runtime)
+    return task_type(
+        allocation_id=row.allocation_id,
+        username=row.ssh_username,
+        gpu_indices=gpu_indices,
+        authorized_keys=await authorized_keys(session, row),
+        volumes=await volume_mounts(session, row.allocation_id),
+        project_id=row.project_id,  # the container driver's project network
+        tenant_id=row.tenant_id,
+        runtime=runtime_image(row.runtime),
+        limits=container_limits(row.limits),
+        workload=workload,
+        workload_token=workload_token,
+    )
 
 
 async def list_allocations(
@@ -232,7 +233,7 @@ async def list_allocations(
     rows, next_cursor = paging.split(
         (await session.execute(q)).all(), page, lambda r: (r.requested_at, r.allocation_id)
     )
-    return await allocation_views(session, await _with_volumes_many(session, rows)), next_cursor
+    return await allocation_views(session, await with_volumes_many(session, rows)), next_cursor
 
 
 async def get_allocation(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> Allocation:
@@ -285,17 +286,13 @@ async def restart_allocation(
         session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
     )
     before = alloc_state(alloc)
-    row = await _transition(session, alloc, AllocationStatus.restarting, failure_reason=None)
+    row = await transition(session, alloc, AllocationStatus.restarting, failure_reason=None)
     await add_event(
         session,
         allocation_events.AllocationRestarting.build(data=alloc_state(row), source=SERVICE, actor=principal.actor),
     )
-    await _enqueue(
-        session,
-        row.host_id,
-        alloc_id,
-        "restart",
-        await _workspace_payload(session, row, list(row.gpu_indices)),
+    await enqueue_task(
+        session, row.host_id, alloc_id, await _workspace_task(RestartTask, session, row, list(row.gpu_indices))
     )
     await audit.record(
         session,
@@ -332,9 +329,9 @@ async def resize_allocation(
         raise Conflict(f"the allocation already has {gpu_count} GPUs", code="resize_noop")
     current = sorted(alloc.gpu_indices)
     if gpu_count > alloc.gpu_count:
-        await _check_quota(session, alloc.project_id, gpu_count - alloc.gpu_count)
+        await check_quota(session, alloc.project_id, gpu_count - alloc.gpu_count)
         await session.execute(select(hosts.c.host_id).where(hosts.c.host_id == alloc.host_id).with_for_update())
-        cap = (await _capacities(session, [alloc.host_id]))[0]
+        cap = (await capacities(session, [alloc.host_id]))[0]
         free = cap.free(alloc.gpu_model)
         need = gpu_count - alloc.gpu_count
         if len(free) < need:
@@ -355,7 +352,7 @@ async def resize_allocation(
         target = current[:gpu_count]
     host = (await session.execute(select(hosts).where(hosts.c.host_id == alloc.host_id))).one()
     limits = await limits_for(session, host, gpu_count=gpu_count)
-    row = await _transition(
+    row = await transition(
         session,
         alloc,
         AllocationStatus.resizing,
@@ -367,17 +364,20 @@ async def resize_allocation(
         session,
         allocation_events.AllocationResizing.build(data=alloc_state(row), source=SERVICE, actor=principal.actor),
     )
-    await _enqueue(
+    workload, workload_token = workload_payload(row.runtime)
+    await enqueue_task(
         session,
         row.host_id,
         alloc_id,
-        "resize",
-        {
-            "allocation_id": str(alloc_id),
-            "username": row.ssh_username,
-            "gpu_indices": target,
-            **_runtime_payload(row.runtime, limits if row.runtime else None),
-        },
+        ResizeTask(
+            allocation_id=alloc_id,
+            username=row.ssh_username,
+            gpu_indices=target,
+            runtime=runtime_image(row.runtime),
+            limits=container_limits(limits if row.runtime else None),
+            workload=workload,
+            workload_token=workload_token,
+        ),
     )
     await audit.record(
         session,
@@ -447,7 +447,7 @@ async def release_allocation(
         )
     if not retry and alloc.status == AllocationStatus.release_failed:
         raise Conflict("the release failed; use retry-release", code="release_failed_use_retry")
-    row = await _request_release(session, principal.actor, alloc_id, reason=None)
+    row = await request_release(session, principal.actor, alloc_id, reason=None)
     await audit.record(
         session,
         service=SERVICE,
@@ -463,14 +463,14 @@ async def release_allocation(
     return await _changed(session, row)
 
 
-async def _request_release(session: AsyncSession, actor: Actor, alloc_id: uuid.UUID, *, reason: str | None) -> Any:
+async def request_release(session: AsyncSession, actor: Actor, alloc_id: uuid.UUID, *, reason: str | None) -> Any:
     alloc = (
         await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
     ).one()
     retry = alloc.status == AllocationStatus.release_failed
     t = now()
     # Billing stops at the first release request, whatever happens to the release afterwards.
-    row = await _transition(
+    row = await transition(
         session,
         alloc,
         AllocationStatus.releasing,
@@ -480,14 +480,14 @@ async def _request_release(session: AsyncSession, actor: Actor, alloc_id: uuid.U
         failure_reason=None,
     )
     if reason:
-        await _timeline(session, alloc_id, "release", "info", reason)
+        await record_timeline(session, alloc_id, "release", "info", reason)
     await add_event(
         session, allocation_events.AllocationReleaseRequested.build(data=alloc_state(row), source=SERVICE, actor=actor)
     )
     members = 0 if retry else await live_app_members(session, alloc_id)
     if members:
-        row = await _update_alloc(session, alloc_id, awaiting_clearance_since=t)
-        await _timeline(
+        row = await update_allocation(session, alloc_id, awaiting_clearance_since=t)
+        await record_timeline(
             session,
             alloc_id,
             "release.clearance",
@@ -518,17 +518,12 @@ async def enqueue_release(session: AsyncSession, alloc: Any) -> None:
                 )
             )
         ).scalar_one()
-        vols.append({"volume_id": str(a.volume_id), "delete_data": not a.persist and not others})
-    await _enqueue(
+        vols.append(ReleaseVolume(volume_id=a.volume_id, delete_data=not a.persist and not others))
+    await enqueue_task(
         session,
         alloc.host_id,
         alloc.allocation_id,
-        "release",
-        {
-            "allocation_id": str(alloc.allocation_id),
-            "username": alloc.ssh_username,
-            "volumes": vols,
-        },
+        ReleaseTask(allocation_id=alloc.allocation_id, username=alloc.ssh_username, volumes=vols),
     )
 
 
@@ -538,8 +533,8 @@ async def clearance_granted(session: AsyncSession, alloc_id: uuid.UUID, *, force
     ).first()
     if alloc is None or alloc.status != AllocationStatus.releasing or alloc.awaiting_clearance_since is None:
         return
-    row = await _update_alloc(session, alloc_id, awaiting_clearance_since=None)
-    await _timeline(session, alloc_id, "release.clearance", "failed" if forced else "succeeded", note)
+    row = await update_allocation(session, alloc_id, awaiting_clearance_since=None)
+    await record_timeline(session, alloc_id, "release.clearance", "failed" if forced else "succeeded", note)
     await enqueue_release(session, row)
 
 

@@ -30,7 +30,7 @@ from gpuaas.kit.errors import Conflict, Unprocessable
 _BATCH = 32  # candidate hosts read per query; most creates take the first
 
 
-async def _capacities(
+async def capacities(
     session: AsyncSession, host_ids: list[uuid.UUID], *, host_rows: list[Any] | None = None
 ) -> list[domain.HostCapacity]:
     """Exact capacity of these hosts (their GPU lists and assignments), read by host id only
@@ -127,7 +127,7 @@ async def _unknown_model(session: AsyncSession, model: str) -> None:
     )
 
 
-async def _place(
+async def place(
     session: AsyncSession,
     *,
     shape: CapacityShape,
@@ -164,7 +164,7 @@ async def _place(
             ):
                 tenancy_refused = True
                 continue
-            fresh = (await _capacities(session, [host_id], host_rows=[host]))[0]
+            fresh = (await capacities(session, [host_id], host_rows=[host]))[0]
             if not domain.candidates([fresh], shape=shape, model=model, count=want, host_class=host_class):
                 continue
             picked = domain.pick_gpus(fresh, shape=shape, model=model, count=want)

@@ -28,7 +28,7 @@ async def _project_gpu_usage(session: AsyncSession, project_id: uuid.UUID) -> in
     return int(used.scalar_one())
 
 
-async def _check_quota(session: AsyncSession, project_id: uuid.UUID, extra: int) -> None:
+async def check_quota(session: AsyncSession, project_id: uuid.UUID, extra: int) -> None:
     """Serialise GPU-holding changes of one project (advisory lock), then check its quota."""
     if (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).first() is None:
         return  # no quota: nothing to serialise

@@ -10,9 +10,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE
 from gpuaas.allocations.models import volume_attachments, volumes
-from gpuaas.allocations.service.common import SYSTEM, _enqueue, _timeline, _update_alloc, load_allocation, now
+from gpuaas.allocations.service.common import (
+    SYSTEM,
+    enqueue_task,
+    load_allocation,
+    now,
+    record_timeline,
+    update_allocation,
+)
 from gpuaas.allocations.views import AllocationChange
 from gpuaas.contracts import Actor, new_event_id
+from gpuaas.contracts.agent import AttachVolumeTask, DetachVolumeTask, VolumeMount
 from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.contracts.events.allocations import VolumeAttachment, VolumeState
@@ -22,13 +30,14 @@ from gpuaas.kit.errors import Conflict, NotFound, Unprocessable
 from gpuaas.kit.outbox import add_event
 
 
-async def _volume_mounts(session: AsyncSession, alloc_id: uuid.UUID) -> list[dict[str, Any]]:
+async def volume_mounts(session: AsyncSession, alloc_id: uuid.UUID) -> list[VolumeMount]:
+    """Where the allocation's volumes are mounted (what its provision/restart task carries)."""
     rows = await session.execute(
         select(volume_attachments.c.volume_id, volume_attachments.c.mount_path).where(
             volume_attachments.c.allocation_id == alloc_id
         )
     )
-    return [{"volume_id": str(r.volume_id), "mount_path": r.mount_path} for r in rows]
+    return [VolumeMount(volume_id=r.volume_id, mount_path=r.mount_path) for r in rows]
 
 
 async def volume_state(session: AsyncSession, row: Any) -> VolumeState:
@@ -140,7 +149,7 @@ async def list_volumes(session: AsyncSession, principal: Principal, project_id: 
     return [await volume_state(session, r) for r in rows]
 
 
-async def _attach(
+async def attach_to_allocation(
     session: AsyncSession,
     principal: Principal,
     alloc_id: uuid.UUID,
@@ -193,14 +202,13 @@ async def _attach(
         project_id=project_id,
         after={"allocation_id": str(alloc_id), "mount_path": mount_path},
     )
-    await _timeline(session, alloc_id, "storage", "info", f"volume {vol.name} attached at {mount_path}")
+    await record_timeline(session, alloc_id, "storage", "info", f"volume {vol.name} attached at {mount_path}")
     if emit_task and host_id is not None:
-        await _enqueue(
+        await enqueue_task(
             session,
             host_id,
             alloc_id,
-            "attach_volume",
-            {"allocation_id": str(alloc_id), "volume_id": str(volume_id), "mount_path": mount_path},
+            AttachVolumeTask(allocation_id=alloc_id, volume_id=volume_id, mount_path=mount_path),
         )
     return state
 
@@ -227,10 +235,10 @@ async def attach_volume(
 ) -> AllocationChange[VolumeState]:
     """Attach to an active allocation. Its volume ids are part of the allocation, so its version moves on."""
     alloc = await _active_allocation(session, principal, alloc_id, expected_version, "volumes attach to")
-    state = await _attach(
+    state = await attach_to_allocation(
         session, principal, alloc_id, alloc.project_id, volume_id, emit_task=True, host_id=alloc.host_id
     )
-    row = await _update_alloc(session, alloc_id)
+    row = await update_allocation(session, alloc_id)
     return AllocationChange(body=state, version=row.version, host_id=row.host_id)
 
 
@@ -255,18 +263,12 @@ async def detach_volume(
     if gone is None:
         raise NotFound("the volume is not attached to this allocation", code="volume_not_attached")
     state = await _after_detach(session, volume_id, principal.actor, delete_if_unused=False)
-    row = await _update_alloc(session, alloc_id)
-    await _enqueue(
+    row = await update_allocation(session, alloc_id)
+    await enqueue_task(
         session,
         alloc.host_id,
         alloc_id,
-        "detach_volume",
-        {
-            "allocation_id": str(alloc_id),
-            "volume_id": str(volume_id),
-            "mount_path": gone.mount_path,
-            "delete_data": False,
-        },
+        DetachVolumeTask(allocation_id=alloc_id, volume_id=volume_id, mount_path=gone.mount_path, delete_data=False),
     )
     await audit.record(
         session,
@@ -279,7 +281,7 @@ async def detach_volume(
         project_id=alloc.project_id,
         before={"allocation_id": str(alloc_id)},
     )
-    await _timeline(session, alloc_id, "storage", "info", f"volume {state.name} detached")
+    await record_timeline(session, alloc_id, "storage", "info", f"volume {state.name} detached")
     return AllocationChange(body=state, version=row.version, host_id=row.host_id)
 
 
@@ -312,7 +314,7 @@ async def _after_detach(
     return state
 
 
-async def _detach_all(session: AsyncSession, alloc_id: uuid.UUID, *, deleting: bool) -> None:
+async def detach_all(session: AsyncSession, alloc_id: uuid.UUID, *, deleting: bool) -> None:
     ids = (
         (
             await session.execute(
