@@ -42,6 +42,13 @@ migrate: install
 test: install
 	$(UV_RUN) pytest -q -p no:cacheprovider --ignore=tests/faults --ignore=tests/deploy $(TEST_ARGS)
 
+## test-unit: the fast lane (under 2 minutes): every test that starts no Postgres, broker, podman, network namespace or
+##            browser. A test's lane follows from its fixtures (conftest.py: SERVER_FIXTURES marks it integration/e2e);
+##            here GPUAAS_TEST_LANE=unit makes any start of such a server fail, naming the test to mark. No console build
+test-unit: deps-apt ensure-uv
+	GPUAAS_TEST_LANE=unit $(UV_RUN) pytest -q -p no:cacheprovider -m "not integration and not e2e" \
+		--ignore=tests/faults --ignore=tests/deploy $(TEST_ARGS)
+
 # Apache Kafka (4.x KRaft, Java 17, jars from Maven Central cached in ~/.cache/gpuaas): see gpuaas.devstack.kafka.
 KAFKA_TEST_DIR ?= .local/test-kafka
 KAFKA_CLI = $(UV_RUN) python -m gpuaas.devstack.kafka
@@ -127,11 +134,13 @@ test-isolation: install
 test-badinput: install
 	$(PYTEST) -s tests/badinput
 
-## lint: ruff (lint + format check) and import-linter (no service imports another)
+## lint: ruff (lint + format check), import-linter (no service imports another) and the type checker
+##       (basedpyright: strict on libs, the node agent and the CLI, standard elsewhere; [tool.basedpyright])
 lint: install
 	$(UV_RUN) ruff check .
 	$(UV_RUN) ruff format --check .
 	$(UV_RUN) lint-imports
+	$(UV_RUN) basedpyright
 
 ## observability-check: alert rules (promtool check + unit tests), scrape configs and Grafana dashboards
 ##                      (JSON, PromQL, metric names) of deploy/observability, and the metric naming rules

@@ -187,7 +187,9 @@ def render_enum(name: str, schema: dict[str, Any]) -> list[str]:
         member = re.sub(r"\W", "_", str(value))
         if not member.isidentifier() or keyword.iskeyword(member):
             member = f"v_{member}"
-        lines.append(f"    {member} = {value!r}")
+        # A member named like a str method (`replace`) shadows it: the API's value wins, the checker is told so.
+        shadows = "  # pyright: ignore[reportAssignmentType]  # shadows the str method" if hasattr(str, member) else ""
+        lines.append(f"    {member} = {value!r}{shadows}")
     return lines
 
 

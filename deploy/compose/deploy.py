@@ -23,7 +23,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 HERE = Path(__file__).resolve().parent
@@ -102,7 +104,7 @@ def ensure_secrets() -> Path:
     d.mkdir(parents=True, exist_ok=True)
     d.chmod(0o700)
 
-    def get(name: str, make) -> str:  # type: ignore[no-untyped-def]
+    def get(name: str, make: Callable[[], str]) -> str:
         p = d / name
         if not p.exists():
             _write(p, make())
@@ -128,7 +130,7 @@ def ensure_secrets() -> Path:
 # --------------------------------------------------------------------------------------------------- state
 
 
-def container_state(name: str) -> dict[str, object]:
+def container_state(name: str) -> dict[str, Any]:
     r = run([engine(), "inspect", "--format", "{{json .State}}", f"{PROJECT}-{name}"], check=False)
     return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {}
 
@@ -138,7 +140,7 @@ def wait_exit(name: str, timeout_s: float) -> int:
     while time.monotonic() < deadline:
         st = container_state(name)
         if st and not st.get("Running") and st.get("Status") in ("exited", "stopped"):
-            return int(st.get("ExitCode", 1))  # type: ignore[arg-type]
+            return int(st.get("ExitCode", 1))
         time.sleep(1)
     raise SystemExit(f"{PROJECT}-{name} did not finish within {timeout_s:.0f} s")
 
@@ -171,7 +173,7 @@ def replicas_ready(names: list[str]) -> set[str]:
     return set()
 
 
-def http_json(method: str, url: str, **kw) -> tuple[int, object]:  # type: ignore[no-untyped-def]
+def http_json(method: str, url: str, **kw: Any) -> tuple[int, Any]:
     data, headers = None, {"Accept": "application/json"}
     if "form" in kw:
         data = "&".join(f"{k}={quote(v)}" for k, v in kw["form"].items()).encode()
@@ -197,10 +199,7 @@ def host_ready() -> bool:
     if status != 200 or not isinstance(body, dict):
         return False
     status, hosts = http_json("GET", f"{front_url()}/api/allocations/hosts", token=body["access_token"])
-    return status == 200 and any(
-        h.get("name") == ENROLLED_HOST and h.get("status") == "ready"
-        for h in hosts  # type: ignore[union-attr]
-    )
+    return status == 200 and any(h.get("name") == ENROLLED_HOST and h.get("status") == "ready" for h in hosts)
 
 
 def wait_ready(timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -254,7 +253,7 @@ def down() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("command", choices=["up", "down", "wait", "secrets"])
     args = parser.parse_args(argv)
     if args.command == "up":

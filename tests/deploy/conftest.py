@@ -50,7 +50,7 @@ def stack(deployment: Deployment) -> Deployment:
 
 @pytest.fixture
 async def saga(deployment: Deployment, gw: httpx.AsyncClient) -> AsyncIterator[Saga]:
-    s = Saga(deployment, gw)  # type: ignore[arg-type]  # a Deployment offers what the saga uses of a Stack
+    s = Saga(deployment, gw)  # a Deployment offers what the saga uses of a Stack
     await s.setup()
     yield s
     await s.close()

@@ -61,7 +61,7 @@ async def drive(loop: ReconcileLoop, until: Callable[[], Awaitable[Any]], timeou
         loop.stop()
         await asyncio.wait_for(task, 30)
         if task.done() and task.exception():
-            raise task.exception()  # type: ignore[misc]
+            raise task.exception()
 
 
 @pytest.fixture

@@ -223,7 +223,7 @@ class AppOps:
 
     async def instance(self) -> dict[str, Any]:
         r = await call(self.user, "GET", f"{AR}/instances/{self.instance_id}", ok=(200,), stats=self.retries)
-        return r.json()  # type: ignore[no-any-return]
+        return r.json()
 
     async def wait_instance(self, *wanted: str, timeout_s: float = 120) -> None:
         async def there() -> bool:
@@ -240,7 +240,7 @@ class AppOps:
             ok=(200,),
             stats=self.retries,
         )
-        return r.json()["items"]  # type: ignore[no-any-return]
+        return r.json()["items"]
 
     async def operations(self) -> dict[str, dict[str, Any]]:
         r = await call(self.user, "GET", f"{AR}/instances/{self.instance_id}/operations", ok=(200,), stats=self.retries)

@@ -183,22 +183,22 @@ class Promotion:
     async def _manifest_by_slug(self, slug: str) -> dict[str, Any]:
         r = await call(self.gw, "GET", f"{API}/apps/{slug}", ok=(200,))
         assert len(r.json()) == 1, r.json()
-        return r.json()[0]  # type: ignore[no-any-return]
+        return r.json()[0]
 
     async def _artifact_with_check(self, aid: str, name: str) -> dict[str, Any]:
         r = await call(self.gw, "GET", f"{API}/artifacts/{aid}", ok=(200,))
         assert any(c["name"] == name and c["passed"] for c in r.json()["checks"]), r.json()["checks"]
-        return r.json()  # type: ignore[no-any-return]
+        return r.json()
 
     async def _manifest_active(self, mid: str) -> dict[str, Any]:
         r = await call(self.gw, "GET", f"{API}/manifests/{mid}", ok=(200,))
         assert r.json()["active"] is True, r.json()
-        return r.json()  # type: ignore[no-any-return]
+        return r.json()
 
     async def _artifact_in(self, aid: str, state: str) -> dict[str, Any]:
         r = await call(self.gw, "GET", f"{API}/artifacts/{aid}", ok=(200,))
         assert r.json()["state"] == state, f"{aid} is {r.json()['state']}, not {state}"
-        return r.json()  # type: ignore[no-any-return]
+        return r.json()
 
 
 # -------------------------------------------------------------------------------------------- invariants

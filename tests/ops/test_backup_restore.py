@@ -219,7 +219,7 @@ async def is_(value: Any, expected: Any) -> bool:
 # --------------------------------------------------------------------------------------------------- test
 
 
-async def test_schemas_restored_from_a_dump_catch_up_by_outbox_replay(infra, signer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_schemas_restored_from_a_dump_catch_up_by_outbox_replay(infra, signer, tmp_path) -> None:
     admin = infra.admin_url
     tenant, project, op = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     world = [platform_admin(op), tenant_created(tenant, "bk"), project_created(project, tenant, "bk")]

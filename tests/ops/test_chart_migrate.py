@@ -47,7 +47,7 @@ async def fetch(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
         await conn.close()
 
 
-async def test_the_migration_job_provisions_and_migrates_every_service_and_runs_again(infra) -> None:  # type: ignore[no-untyped-def]
+async def test_the_migration_job_provisions_and_migrates_every_service_and_runs_again(infra) -> None:
     database = f"chart_{uuid.uuid4().hex[:8]}"
     # The chart generates alphanumeric passwords; an operator's Secret may hold any URL-encoded one.
     passwords = {s: f"pw{uuid.uuid4().hex[:12]}" for s in SERVICES}

@@ -35,7 +35,7 @@ def cluster(**kw: object) -> Cluster:
         ctld_port=40001,
         dbd_port=40002,
         db_port=40003,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 

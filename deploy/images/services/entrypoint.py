@@ -24,7 +24,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SERVICES = ("identity", "allocations", "catalog", "app_runtime", "metering", "billing")
 HTTP_COMPONENTS = (*SERVICES, "gateway")
@@ -76,7 +78,7 @@ def healthcheck(path: str = "/healthz") -> int:
         return 1
 
 
-def wait_for(what: str, check, timeout_s: float = WAIT_S) -> None:  # type: ignore[no-untyped-def]
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
@@ -137,7 +139,9 @@ def migrate() -> int:
 # --------------------------------------------------------------------------------------------- enrol-node
 
 
-def _request(method: str, url: str, *, token: str = "", form: dict[str, str] | None = None, body: object = None):  # type: ignore[no-untyped-def]
+def _request(
+    method: str, url: str, *, token: str = "", form: dict[str, str] | None = None, body: object = None
+) -> tuple[int, Any]:
     headers = {"Accept": "application/json"}
     data = None
     if token:
@@ -176,11 +180,12 @@ def enrol_node(name: str) -> int:
         )
         if status != 200:
             raise RuntimeError(f"login answered {status}")
-        login.token = body["access_token"]  # type: ignore[attr-defined]
+        tokens["operator"] = body["access_token"]
         return True
 
+    tokens: dict[str, str] = {}
     wait_for("the gateway and identity", login)
-    op = login.token  # type: ignore[attr-defined]
+    op = tokens["operator"]
     if token_file.exists():
         agent_api = os.environ.get("GPUAAS_AGENT_SERVER_URL", "http://lb:8002").rstrip("/")
         status, _ = _request("POST", f"{agent_api}/agent/heartbeat", token=token_file.read_text().strip())

@@ -185,7 +185,7 @@ def test_publish_gives_stable_digests_and_a_pull_refuses_tampered_content(
 
 @needs_podman
 def test_local_runtimes_without_a_catalog_give_the_agents_the_container_driver(tmp_path: Path) -> None:
-    runtimes = LocalRuntimes(True, tmp_path, free_port(), credentials=None, service_url=str)  # type: ignore[arg-type]
+    runtimes = LocalRuntimes(True, tmp_path, free_port(), credentials=None, service_url=str)
     runtimes.start()
     try:
         assert runtimes.wait(600)
@@ -196,4 +196,4 @@ def test_local_runtimes_without_a_catalog_give_the_agents_the_container_driver(t
         assert state is not None and set(state["images"]) == set(ri.DEFAULT_IMAGES) and state["pid"]
     finally:
         runtimes.stop()
-    assert LocalRuntimes(False, tmp_path, 1, None, str).agent_env() == {"GPUAAS_AGENT_DRIVER": "process"}  # type: ignore[arg-type]
+    assert LocalRuntimes(False, tmp_path, 1, None, str).agent_env() == {"GPUAAS_AGENT_DRIVER": "process"}

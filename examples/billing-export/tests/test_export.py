@@ -79,20 +79,20 @@ def wire(events: list[Event]) -> list[bytes]:
 
 
 @pytest.fixture
-async def consumer(infra) -> AsyncIterator[Consumer]:  # type: ignore[no-untyped-def]
+async def consumer(infra) -> AsyncIterator[Consumer]:
     settings = Settings(database_url=infra.admin_url, bootstrap="unused:9092", schema=f"bx_{uuid.uuid4().hex[:10]}")
     c = Consumer(settings)
     await c.open()
     try:
         yield c
     finally:
-        async with c.pool.acquire() as conn:  # type: ignore[union-attr]
+        async with c.pool.acquire() as conn:
             await conn.execute(f"DROP SCHEMA {settings.schema} CASCADE")
         await c.close()
 
 
 async def exports(c: Consumer, tenant: uuid.UUID) -> list[dict]:
-    async with c.pool.acquire() as conn:  # type: ignore[union-attr]
+    async with c.pool.acquire() as conn:
         return await store.exports(conn, c.settings.schema, tenant)
 
 
@@ -136,7 +136,7 @@ async def test_a_replay_and_a_republished_charge_change_nothing(consumer: Consum
         await br.publish_batch(*wire([republished]), topic=BILLING)
     after = await exports(consumer, tenant)
     assert after == before and after[0]["total"] == "15.05" and after[0]["reconciled"] is True
-    async with consumer.pool.acquire() as conn:  # type: ignore[union-attr]
+    async with consumer.pool.acquire() as conn:
         inbox = await conn.fetchval(f"SELECT count(*) FROM {consumer.settings.schema}.inbox")
     assert inbox == len(events) + 1  # the re-published charge is a new event (recorded), not a new charge
 
@@ -161,7 +161,7 @@ async def test_a_failing_batch_is_rolled_back_whole_and_applied_once_when_retrie
         with pytest.raises(RuntimeError, match="injected"):
             await br.publish_batch(*wire(charges), topic=BILLING)
         assert await exports(consumer, tenant) == []  # nothing of the batch, not even its inbox rows
-        async with consumer.pool.acquire() as conn:  # type: ignore[union-attr]
+        async with consumer.pool.acquire() as conn:
             assert await conn.fetchval(f"SELECT count(*) FROM {consumer.settings.schema}.inbox") == 0
         await br.publish_batch(*wire(charges), topic=BILLING)  # redelivered after the rewind
     [x] = await exports(consumer, tenant)
@@ -181,7 +181,7 @@ async def test_unknown_types_and_malformed_messages_are_skipped_not_fatal(consum
     assert x["total"] == "7.00" and x["charges"] == 1
 
 
-async def test_the_topic_prefix_applies_to_the_topic_and_the_group(infra) -> None:  # type: ignore[no-untyped-def]
+async def test_the_topic_prefix_applies_to_the_topic_and_the_group(infra) -> None:
     schema = f"bx_{uuid.uuid4().hex[:10]}"
     c = Consumer(Settings(database_url=infra.admin_url, bootstrap="unused:9092", schema=schema, prefix="staging."))
     [sub] = list(c.broker.subscribers)
@@ -200,7 +200,7 @@ async def test_the_topic_prefix_applies_to_the_topic_and_the_group(infra) -> Non
         [x] = await exports(c, tenant)
         assert x["total"] == "3.30"
     finally:
-        async with c.pool.acquire() as conn:  # type: ignore[union-attr]
+        async with c.pool.acquire() as conn:
             await conn.execute(f"DROP SCHEMA {schema} CASCADE")
         await c.close()
 

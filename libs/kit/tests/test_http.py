@@ -38,7 +38,7 @@ def things_router() -> APIRouter:
 
 
 @pytest.fixture
-async def app_client(infra, signer):  # type: ignore[no-untyped-def]
+async def app_client(infra, signer):
     name, url = await new_service_db(infra.admin_url, "http")
     app = build(
         name,
@@ -54,12 +54,12 @@ async def app_client(infra, signer):  # type: ignore[no-untyped-def]
         yield client, kit
 
 
-async def count_things(kit) -> int:  # type: ignore[no-untyped-def]
+async def count_things(kit) -> int:
     async with kit.sessions() as s:
         return (await s.execute(text("SELECT count(*) FROM things"))).scalar_one()
 
 
-async def test_idempotency_key_replays_the_first_response(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+async def test_idempotency_key_replays_the_first_response(app_client, signer) -> None:
     client, kit = app_client
     h = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}", "Idempotency-Key": "k-1"}
     first = await client.post("/things", json={"name": "a"}, headers=h)
@@ -75,7 +75,7 @@ async def test_idempotency_key_replays_the_first_response(app_client, signer) ->
     assert await count_things(kit) == 2
 
 
-async def test_concurrent_duplicates_never_run_twice(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_duplicates_never_run_twice(app_client, signer) -> None:
     client, kit = app_client
     h = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}", "Idempotency-Key": "k-concurrent"}
     results = await asyncio.gather(*[client.post("/things", json={"name": "c"}, headers=h) for _ in range(5)])
@@ -84,7 +84,7 @@ async def test_concurrent_duplicates_never_run_twice(app_client, signer) -> None
     assert await count_things(kit) == 1
 
 
-async def test_reservation_of_a_killed_request_is_taken_over_when_stale(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+async def test_reservation_of_a_killed_request_is_taken_over_when_stale(app_client, signer) -> None:
     client, kit = app_client
     user = uuid.uuid4()
     h = {"Authorization": f"Bearer {signer.token(user)}"}
@@ -110,7 +110,7 @@ async def test_reservation_of_a_killed_request_is_taken_over_when_stale(app_clie
     assert await count_things(kit) == 2
 
 
-async def test_a_request_whose_effect_committed_is_never_run_again(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+async def test_a_request_whose_effect_committed_is_never_run_again(app_client, signer) -> None:
     """The process dies after the request's transaction committed but before its response was stored: the
     key's committed_at (written by that same transaction) makes every retry, however late, a 409
     `idempotency_request_committed` instead of a second effect."""
@@ -153,7 +153,7 @@ async def test_a_request_whose_effect_committed_is_never_run_again(app_client, s
     assert marked is None
 
 
-async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> None:
     client, kit = app_client
     auth = {"Authorization": f"Bearer {signer.token(uuid.uuid4())}"}
     r = await client.post("/things", json={"name": ""}, headers=auth)
@@ -188,7 +188,7 @@ async def test_errors_are_problem_json_with_stable_codes(app_client, signer) -> 
     assert r.status_code == 404 and r.json()["code"] == "not_found"
 
 
-async def test_correlation_id_is_echoed_or_created(app_client) -> None:  # type: ignore[no-untyped-def]
+async def test_correlation_id_is_echoed_or_created(app_client) -> None:
     client, _ = app_client
     r = await client.get("/healthz", headers={"X-Correlation-ID": "abc-123"})
     assert r.headers["x-correlation-id"] == "abc-123"
@@ -196,7 +196,7 @@ async def test_correlation_id_is_echoed_or_created(app_client) -> None:  # type:
     assert r.headers["x-correlation-id"] != "bad value with spaces" and len(r.headers["x-correlation-id"]) == 32
 
 
-async def test_health_readiness_and_metrics(app_client) -> None:  # type: ignore[no-untyped-def]
+async def test_health_readiness_and_metrics(app_client) -> None:
     client, _ = app_client
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     ready = await client.get("/readyz")
@@ -206,10 +206,10 @@ async def test_health_readiness_and_metrics(app_client) -> None:  # type: ignore
     assert "gpuaas_outbox_pending_events{" in metrics and "gpuaas_outbox_lag_seconds{" in metrics
 
 
-async def test_chunked_body_over_the_limit_is_413_not_a_read_error(app_client, signer) -> None:  # type: ignore[no-untyped-def]
+async def test_chunked_body_over_the_limit_is_413_not_a_read_error(app_client, signer) -> None:
     client, kit = app_client
 
-    async def chunks():  # type: ignore[no-untyped-def]
+    async def chunks():
         for _ in range(5):
             yield b"x" * 1000
 
@@ -217,7 +217,7 @@ async def test_chunked_body_over_the_limit_is_413_not_a_read_error(app_client, s
     r = await client.post("/things", content=chunks(), headers=auth)
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
 
-    async def small():  # type: ignore[no-untyped-def]
+    async def small():
         yield b'{"name": '
         yield b'"chunked"}'
 

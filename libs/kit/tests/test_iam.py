@@ -48,7 +48,7 @@ def user(uid: uuid.UUID) -> Principal:
 
 
 @pytest.fixture
-async def world(infra):  # type: ignore[no-untyped-def]
+async def world(infra):
     name, url = await new_service_db(infra.admin_url, "iam")
     engine = create_engine(url, name)
     sessions = session_factory(engine)
@@ -88,7 +88,7 @@ async def world(infra):  # type: ignore[no-untyped-def]
     await engine.dispose()
 
 
-async def test_roles_decide_within_tenant_and_hide_other_tenants(world) -> None:  # type: ignore[no-untyped-def]
+async def test_roles_decide_within_tenant_and_hide_other_tenants(world) -> None:
     w, sessions = world
     async with sessions() as s:
         await authorize(s, user(w["op"]), "allocations.host.manage")
@@ -110,7 +110,7 @@ async def test_roles_decide_within_tenant_and_hide_other_tenants(world) -> None:
         assert await visible_project_ids(s, user(w["op"])) is None
 
 
-async def test_service_accounts_act_only_in_their_project_through_scopes(world) -> None:  # type: ignore[no-untyped-def]
+async def test_service_accounts_act_only_in_their_project_through_scopes(world) -> None:
     w, sessions = world
     sa = Principal(
         subject=w["sa"], kind=ActorKind.service_account, project_id=w["p1"], scopes=frozenset({"app-controller"})
@@ -143,7 +143,7 @@ async def test_service_accounts_act_only_in_their_project_through_scopes(world) 
             await authorize(s, sa, "apps.controller", project_id=w["p1"])
 
 
-async def test_revocation_denies_at_once_and_old_events_do_not_resurrect(world) -> None:  # type: ignore[no-untyped-def]
+async def test_revocation_denies_at_once_and_old_events_do_not_resurrect(world) -> None:
     w, sessions = world
     grant = membership(w["member"], Role.project_admin, w["t1"], w["p2"])
     revoke = ev.MembershipRevoked.build(
@@ -285,7 +285,7 @@ async def _decision(session: AsyncSession, principal: Principal, action: str, **
     return "ok"
 
 
-async def test_high_risk_decisions_are_the_pinned_ones(world) -> None:  # type: ignore[no-untyped-def]
+async def test_high_risk_decisions_are_the_pinned_ones(world) -> None:
     w, sessions = world
     targets = {"platform": {}, "tenant": {"tenant_id": w["t1"]}, "project": {"project_id": w["p1"]}}
     wrong = []
@@ -298,7 +298,7 @@ async def test_high_risk_decisions_are_the_pinned_ones(world) -> None:  # type: 
     assert not wrong, "\n".join(wrong)
 
 
-async def test_service_accounts_never_get_high_risk_actions_in_their_own_project(world) -> None:  # type: ignore[no-untyped-def]
+async def test_service_accounts_never_get_high_risk_actions_in_their_own_project(world) -> None:
     w, sessions = world
     every_scope = Principal(
         subject=w["sa"],

@@ -111,7 +111,7 @@ async def serve() -> AsyncIterator[Callable[[Handler, str], Awaitable[int]]]:
 def http(status: int, body: bytes, headers: dict[str, str] | None = None, length: bool = True) -> Handler:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
-        handler.heads.append(head)  # type: ignore[attr-defined]
+        handler.heads.append(head)
         lines = [f"HTTP/1.1 {status} X", "connection: close", *(f"{k}: {v}" for k, v in (headers or {}).items())]
         if length:
             lines.append(f"content-length: {len(body)}")
@@ -121,7 +121,7 @@ def http(status: int, body: bytes, headers: dict[str, str] | None = None, length
             await writer.drain()
         writer.close()
 
-    handler.heads = []  # type: ignore[attr-defined]
+    handler.heads = []
     return handler
 
 
@@ -130,12 +130,12 @@ POLICY = OutboundPolicy(
 )
 
 
-async def test_fetch_json_from_an_allowed_server(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_fetch_json_from_an_allowed_server(serve) -> None:
     port = await serve(http(200, b'{"ok": true}'))
     assert await fetch_json(POLICY, "GET", f"http://127.0.0.2:{port}/x") == (200, {"ok": True})
 
 
-async def test_loopback_is_refused_without_connecting(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_loopback_is_refused_without_connecting(serve) -> None:
     handler = http(200, b"{}")
     port = await serve(handler, "127.0.0.1")
     policy = OutboundPolicy(plain_http_hosts=("127.0.0.1", "localhost"))
@@ -143,27 +143,27 @@ async def test_loopback_is_refused_without_connecting(serve) -> None:  # type: i
         with pytest.raises(OutboundError) as exc:
             await fetch_json(policy, "GET", url)
         assert exc.value.reason == "address_denied"
-    assert handler.heads == []  # type: ignore[attr-defined]
+    assert handler.heads == []
 
 
 @pytest.mark.parametrize("length", [True, False])
-async def test_oversized_bodies_are_cut_off(serve, length: bool) -> None:  # type: ignore[no-untyped-def]
+async def test_oversized_bodies_are_cut_off(serve, length: bool) -> None:
     port = await serve(http(200, json.dumps({"pad": "a" * 50_000}).encode(), length=length))
     with pytest.raises(OutboundError) as exc:
         await fetch_json(POLICY, "GET", f"http://127.0.0.2:{port}/")
     assert exc.value.reason == "too_large"
 
 
-async def test_redirects_are_not_followed(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_redirects_are_not_followed(serve) -> None:
     target = http(200, b"{}")
     target_port = await serve(target)
     port = await serve(http(302, b"", {"location": f"http://127.0.0.2:{target_port}/"}))
     with pytest.raises(OutboundError) as exc:
         await fetch_json(POLICY, "GET", f"http://127.0.0.2:{port}/")
-    assert exc.value.reason == "redirect" and target.heads == []  # type: ignore[attr-defined]
+    assert exc.value.reason == "redirect" and target.heads == []
 
 
-async def test_non_json_and_non_http_fail_alike(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_non_json_and_non_http_fail_alike(serve) -> None:
     async def ssh(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"SSH-2.0-OpenSSH_9.2\r\n")
         await writer.drain()
@@ -175,7 +175,7 @@ async def test_non_json_and_non_http_fail_alike(serve) -> None:  # type: ignore[
             await fetch_json(POLICY, "GET", f"http://127.0.0.2:{port}/")
 
 
-async def test_deadline_bounds_a_dripping_server(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_deadline_bounds_a_dripping_server(serve) -> None:
     async def drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n")
@@ -192,7 +192,7 @@ async def test_deadline_bounds_a_dripping_server(serve) -> None:  # type: ignore
     assert exc.value.reason == "timeout" and asyncio.get_running_loop().time() - t0 < 3
 
 
-async def test_the_checked_address_is_the_one_connected_and_the_host_name_is_kept(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_the_checked_address_is_the_one_connected_and_the_host_name_is_kept(serve) -> None:
     """DNS is asked once; a second, different answer (rebinding) is never used; Host stays the name."""
     handler = http(200, b"{}")
     port = await serve(handler)
@@ -206,8 +206,8 @@ async def test_the_checked_address_is_the_one_connected_and_the_host_name_is_kep
     policy = OutboundPolicy(allowed_networks=("127.0.0.2/32",), plain_http_hosts=("pinned.test",), resolver=rebinding)
     assert await fetch_json(policy, "GET", f"http://pinned.test:{port}/x") == (200, {})
     assert asked == ["pinned.test"]
-    assert f"host: pinned.test:{port}".encode() in handler.heads[0].lower()  # type: ignore[attr-defined]
+    assert f"host: pinned.test:{port}".encode() in handler.heads[0].lower()
     # Asked again, the name now rebinds to loopback: refused before any connection.
     with pytest.raises(OutboundError) as exc:
         await fetch_json(policy, "GET", f"http://pinned.test:{port}/x")
-    assert exc.value.reason == "address_denied" and len(handler.heads) == 1  # type: ignore[attr-defined]
+    assert exc.value.reason == "address_denied" and len(handler.heads) == 1

@@ -87,7 +87,7 @@ async def test_handlers_by_kind_and_role() -> None:
 
     async def call(kind: str, role: str | None) -> Any:
         h = c.handler_for(kind, role)
-        return None if h is None else (await h(None))["h"]  # type: ignore[arg-type]
+        return None if h is None else (await h(None))["h"]
 
     assert await call("add", "server") == "server"
     assert await call("add", "worker") == "any"
@@ -110,7 +110,7 @@ def test_runner_loads_module_colon_class() -> None:
 
 def test_legacy_reconcile_signature_is_detected() -> None:
     class Old(Controller):
-        async def reconcile(self, client, instance) -> None:  # type: ignore[no-untyped-def,override]
+        async def reconcile(self, client, instance) -> None:
             return None
 
     assert Old().legacy_reconcile() and not Routed().legacy_reconcile()

@@ -61,7 +61,7 @@ class Runtime:
 
 
 @pytest.fixture(scope="module")
-async def rt(infra, signer) -> AsyncIterator[Runtime]:  # type: ignore[no-untyped-def]
+async def rt(infra, signer) -> AsyncIterator[Runtime]:
     app = await service_app(
         SPEC,
         infra.admin_url,

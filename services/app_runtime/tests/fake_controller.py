@@ -55,7 +55,7 @@ class FakeSlurm(Controller):
     async def remove(self, ctx: OperationContext) -> dict[str, Any]:
         op = ctx.operation
         await ctx.progress("stopping daemons", 50)
-        self.nodes.pop(op.member_id, None)  # type: ignore[arg-type]
+        self.nodes.pop(op.member_id, None)
         if op.allocation_id in self.unverified:
             return {"teardown_verified": False, "evidence": "host unreachable: could not confirm slurmd stopped"}
         return {"teardown_verified": True, "evidence": "slurmd stopped; state dir wiped; node deregistered"}

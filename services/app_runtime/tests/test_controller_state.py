@@ -16,7 +16,7 @@ from .test_runtime import deployed, expect
 pytestmark = pytest.mark.integration
 
 
-async def test_state_is_versioned_and_only_for_the_controller(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_state_is_versioned_and_only_for_the_controller(rt, world: World) -> None:
     w = world
     iid, _ = await deployed(w)
     ctl = w.controller()

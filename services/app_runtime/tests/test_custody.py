@@ -14,7 +14,7 @@ from cryptography.exceptions import InvalidTag
 from gpuaas.app_runtime.custody import SchemaCustody, generate_key_pair
 
 
-def _row(sealed) -> SimpleNamespace:  # type: ignore[no-untyped-def]
+def _row(sealed) -> SimpleNamespace:
     return SimpleNamespace(**sealed.columns())
 
 

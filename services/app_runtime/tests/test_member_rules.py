@@ -27,7 +27,7 @@ async def finish_open_operations(w: World, ctl: Client) -> list[str]:
     return done
 
 
-async def test_add_names_a_manifest_role_and_never_a_second_controller(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_add_names_a_manifest_role_and_never_a_second_controller(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, _ = await deployed(w)
@@ -58,7 +58,7 @@ async def test_add_names_a_manifest_role_and_never_a_second_controller(rt, world
     assert op.component_key == "slurmd"
 
 
-async def test_a_planned_worker_removal_keeps_the_instance_running(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_a_planned_worker_removal_keeps_the_instance_running(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, (_a_ctl, a_w1) = await deployed(w)
@@ -82,7 +82,7 @@ async def test_a_planned_worker_removal_keeps_the_instance_running(rt, world: Wo
     assert (await user.instance(instance_id)).status == "degraded"
 
 
-async def test_a_decommissioned_instance_no_longer_reports_healthy(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_a_decommissioned_instance_no_longer_reports_healthy(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, _ = await deployed(w)
@@ -100,7 +100,7 @@ async def test_a_decommissioned_instance_no_longer_reports_healthy(rt, world: Wo
     assert events[-1]["data"]["health"]["status"] == "unknown"
 
 
-async def test_a_forced_decommission_clears_health_too(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_a_forced_decommission_clears_health_too(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, _ = await deployed(w)
@@ -111,7 +111,7 @@ async def test_a_forced_decommission_clears_health_too(rt, world: World) -> None
     assert forced.status == "decommissioned" and forced.health.status == "unknown"
 
 
-async def test_binding_a_controller_to_an_unknown_app_is_refused(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_binding_a_controller_to_an_unknown_app_is_refused(rt, world: World) -> None:
     w = world
     user = w.user(w.admin)
     err = await expect("app_not_found", 404, user.bind_controller(w.project, f"nope-{uuid.uuid4().hex[:6]}", w.sa))
@@ -120,7 +120,7 @@ async def test_binding_a_controller_to_an_unknown_app_is_refused(rt, world: Worl
     assert bound["app_slug"] == w.slug
 
 
-async def test_permission_denied_names_the_roles_that_hold_the_permission(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_permission_denied_names_the_roles_that_hold_the_permission(rt, world: World) -> None:
     w = world
     err = await expect("permission_denied", 403, w.user(w.viewer).bind_controller(w.project, w.slug, w.sa))
     assert err.problem["permission"] == "apps.instance.manage"

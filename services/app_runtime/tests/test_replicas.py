@@ -17,7 +17,7 @@ from .test_runtime import deployed
 pytestmark = pytest.mark.integration
 
 
-async def test_two_replicas_requeue_each_expired_lease_once(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_two_replicas_requeue_each_expired_lease_once(rt, world: World) -> None:
     w = world
     await deployed(w, workers=5)
     ctl = w.controller()

@@ -22,7 +22,7 @@ from .fake_controller import FakeSlurm, drive
 pytestmark = pytest.mark.integration
 
 
-async def deployed(w: World, workers: int = 1, **kw) -> tuple[uuid.UUID, list[uuid.UUID]]:  # type: ignore[no-untyped-def]
+async def deployed(w: World, workers: int = 1, **kw) -> tuple[uuid.UUID, list[uuid.UUID]]:
     allocs = [await w.allocation() for _ in range(1 + workers)]
     user = w.user(w.admin)
     inst = await user.deploy(
@@ -37,21 +37,21 @@ async def deployed(w: World, workers: int = 1, **kw) -> tuple[uuid.UUID, list[uu
     return inst.instance_id, allocs
 
 
-async def status_is(w: World, instance_id: uuid.UUID, *wanted: str):  # type: ignore[no-untyped-def]
+async def status_is(w: World, instance_id: uuid.UUID, *wanted: str):
     async def check() -> bool:
         return (await w.user(w.admin).instance(instance_id)).status in wanted
 
     return check
 
 
-async def expect(code: str, status: int, coro) -> ApiError:  # type: ignore[no-untyped-def]
+async def expect(code: str, status: int, coro) -> ApiError:
     with pytest.raises(ApiError) as err:
         await coro
     assert (err.value.status, err.value.code) == (status, code), err.value.problem
     return err.value
 
 
-async def test_deploy_refusals_say_why(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_deploy_refusals_say_why(rt, world: World) -> None:
     w = world
     user = w.user(w.admin)
     good = await w.allocation()
@@ -59,7 +59,7 @@ async def test_deploy_refusals_say_why(rt, world: World) -> None:  # type: ignor
     def place(ctrl: uuid.UUID, *workers: uuid.UUID) -> PlacementIntent:
         return PlacementIntent(mode="split", controller_allocation_id=ctrl, worker_allocation_ids=list(workers))
 
-    async def deploy(**kw):  # type: ignore[no-untyped-def]
+    async def deploy(**kw):
         args = {"name": "x", "app_slug": w.slug, "config": {"partition": "p"}, "placement": place(good)} | kw
         return await user.deploy(w.project, **args)
 
@@ -127,7 +127,7 @@ async def test_deploy_refusals_say_why(rt, world: World) -> None:  # type: ignor
     assert inst.status == "created" and inst.app_version == "1.0"
 
 
-async def test_controller_drives_the_cluster_lifecycle(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_controller_drives_the_cluster_lifecycle(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, (a_ctl, a_w1) = await deployed(w)
@@ -238,7 +238,7 @@ async def test_controller_drives_the_cluster_lifecycle(rt, world: World) -> None
     await expect("credential_not_found", 404, ctl.fetch_credential(instance_id))
 
 
-async def scrape(rt) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:  # type: ignore[no-untyped-def]
+async def scrape(rt) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """The service's /metrics, by (name, sorted labels)."""
     async with httpx.AsyncClient(base_url=rt.url, timeout=30) as c:
         body = (await c.get("/metrics")).text
@@ -249,7 +249,7 @@ async def scrape(rt) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:  #
     }
 
 
-async def test_killed_controller_lease_expires_and_another_replica_finishes(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_killed_controller_lease_expires_and_another_replica_finishes(rt, world: World) -> None:
     w = world
     expiries = (await scrape(rt)).get(
         ("gpuaas_member_operation_lease_expiries_total", (("service", "app_runtime"),)), 0
@@ -299,7 +299,7 @@ async def test_killed_controller_lease_expires_and_another_replica_finishes(rt, 
     assert samples[("gpuaas_member_operations", key)] == succeeded >= 2
 
 
-async def test_operator_retry_cancel_force_fail(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_operator_retry_cancel_force_fail(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, (_a_ctl, _a_w1) = await deployed(w)
@@ -331,7 +331,7 @@ async def test_operator_retry_cancel_force_fail(rt, world: World) -> None:  # ty
     assert {"apps.operation.force_fail", "apps.operation.retry"} <= actions
 
 
-async def test_decommission_without_verified_teardown_fails_then_forced(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_decommission_without_verified_teardown_fails_then_forced(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, (_a_ctl, a_w1) = await deployed(w)
@@ -359,7 +359,7 @@ async def test_decommission_without_verified_teardown_fails_then_forced(rt, worl
     assert events[-1]["data"]["decommission"]["forced"] is True
 
 
-async def test_releasing_an_allocation_removes_its_members_first(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_releasing_an_allocation_removes_its_members_first(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, (a_ctl, a_w1) = await deployed(w)
@@ -383,7 +383,7 @@ async def test_releasing_an_allocation_removes_its_members_first(rt, world: Worl
     assert await rt.outbox("release_clearance.granted", idle)
 
 
-async def test_upgrade_and_rollback(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_upgrade_and_rollback(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, _ = await deployed(w)
@@ -395,7 +395,7 @@ async def test_upgrade_and_rollback(rt, world: World) -> None:  # type: ignore[n
     inst = await user.upgrade(instance_id, "2.0")
     assert inst.desired_app_version == "2.0" and inst.app_version == "1.0"
 
-    async def on(version: str):  # type: ignore[no-untyped-def]
+    async def on(version: str):
         async def check() -> bool:
             i = await user.instance(instance_id)
             return i.app_version == version and i.desired_app_version is None
@@ -412,7 +412,7 @@ async def test_upgrade_and_rollback(rt, world: World) -> None:  # type: ignore[n
     await expect("app_deprecated", 409, user.upgrade(instance_id, "3.0"))
 
 
-async def test_credential_rotation_and_timeline_stream(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_credential_rotation_and_timeline_stream(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     instance_id, _ = await deployed(w)

@@ -67,7 +67,7 @@ class Typed(Controller):
         self.reconciles.append((ctx.instance_id, ctx.reason))
 
 
-async def test_roles_typed_config_retries_member_detail_and_timers(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_roles_typed_config_retries_member_detail_and_timers(rt, world: World) -> None:
     w = world
     user, ctl = w.user(w.admin), w.controller()
     iid, (a_ctl, a_w1) = await deployed(w)
@@ -122,7 +122,7 @@ async def test_roles_typed_config_retries_member_detail_and_timers(rt, world: Wo
         await w.controller(w.sa_other).controller_state(iid)
 
 
-async def test_temporary_errors_give_up_after_the_bound(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_temporary_errors_give_up_after_the_bound(rt, world: World) -> None:
     w = world
     iid, _ = await deployed(w, workers=0)
 
@@ -148,7 +148,7 @@ async def test_temporary_errors_give_up_after_the_bound(rt, world: World) -> Non
     assert loop.metrics.temporary_retries._value.get() == 3
 
 
-async def test_harness_runs_a_controller_in_process(rt, world: World) -> None:  # type: ignore[no-untyped-def]
+async def test_harness_runs_a_controller_in_process(rt, world: World) -> None:
     from gpuaas.sdk.controller.harness import Harness, Team, wait
 
     w = world

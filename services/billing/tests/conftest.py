@@ -94,7 +94,7 @@ def world_events(w: dict[str, uuid.UUID]) -> list[Event]:
 
 
 @pytest.fixture
-async def billing(infra, signer) -> AsyncIterator[tuple[Any, Any, dict[str, uuid.UUID]]]:  # type: ignore[no-untyped-def]
+async def billing(infra, signer) -> AsyncIterator[tuple[Any, Any, dict[str, uuid.UUID]]]:
     app = await service_app(SPEC, infra.admin_url, infra.kafka_bootstrap)
     w = {k: uuid.uuid4() for k in ("t1", "t2", "p1", "p1b", "p2", "op", "tadmin", "padmin", "viewer", "other")}
     async with running(app, jwks=signer.jwks) as (client, kit):
@@ -103,7 +103,7 @@ async def billing(infra, signer) -> AsyncIterator[tuple[Any, Any, dict[str, uuid
 
 
 @pytest.fixture
-def auth(signer):  # type: ignore[no-untyped-def]
+def auth(signer):
     def make(subject: uuid.UUID, kind: str = "user", **claims: Any) -> dict[str, str]:
         return {"Authorization": f"Bearer {signer.token(subject, kind=kind, **claims)}"}
 

@@ -21,16 +21,16 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-async def q(kit, sql: str, **params):  # type: ignore[no-untyped-def]
+async def q(kit, sql: str, **params):
     async with kit.sessions() as s:
         return (await s.execute(text(sql), params)).scalar_one()
 
 
-async def charged(kit, tenant) -> int:  # type: ignore[no-untyped-def]
+async def charged(kit, tenant) -> int:
     return await q(kit, "SELECT count(*) FROM charges WHERE tenant_id = :t", t=tenant)
 
 
-async def set_prices(client, auth, w, gpu: str = "2.50", tokens: str = "0.000002", frm=None):  # type: ignore[no-untyped-def]
+async def set_prices(client, auth, w, gpu: str = "2.50", tokens: str = "0.000002", frm=None):
     op = auth(w["op"])
     extra = {"effective_from": frm.isoformat()} if frm else {}
     r = await client.post(
@@ -54,7 +54,7 @@ async def set_prices(client, auth, w, gpu: str = "2.50", tokens: str = "0.000002
     assert r.status_code == 201, r.text
 
 
-async def test_usage_is_rated_once_into_a_balanced_ledger(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_usage_is_rated_once_into_a_balanced_ledger(h, billing, infra, auth) -> None:
     client, kit, w = billing
     await set_prices(client, auth, w, frm=now() - timedelta(days=40))
     start = now() - timedelta(hours=2)
@@ -95,7 +95,7 @@ async def test_usage_is_rated_once_into_a_balanced_ledger(h, billing, infra, aut
     assert await q(kit, posted, t=w["t1"]) == 3
 
 
-async def test_the_database_refuses_double_charges_unbalanced_and_rewritten_entries(billing) -> None:  # type: ignore[no-untyped-def]
+async def test_the_database_refuses_double_charges_unbalanced_and_rewritten_entries(billing) -> None:
     _, kit, w = billing
     txn, usage_id = uuid.uuid4(), uuid.uuid4()
 
@@ -134,7 +134,7 @@ async def test_the_database_refuses_double_charges_unbalanced_and_rewritten_entr
     assert await q(kit, "SELECT count(*) FROM ledger_entries WHERE transaction_id = :t", t=txn) == 2
 
 
-async def test_the_balance_is_checked_once_per_database_transaction_over_every_touched_entry(billing) -> None:  # type: ignore[no-untyped-def]
+async def test_the_balance_is_checked_once_per_database_transaction_over_every_touched_entry(billing) -> None:
     """billing_0003: one statement-level note per insert, one check at commit over all touched ledger
     transactions; a rolled-back savepoint takes its entries with it; nothing pending between transactions."""
     _, kit, w = billing
@@ -176,7 +176,7 @@ async def test_the_balance_is_checked_once_per_database_transaction_over_every_t
             await s.execute(text(entries((good, "debit", "0.01"))))
 
 
-async def test_usage_without_a_price_waits_and_is_rated_when_one_is_published(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_usage_without_a_price_waits_and_is_rated_when_one_is_published(h, billing, infra, auth) -> None:
     client, kit, w = billing
     start = now() - timedelta(hours=3)
     g = h.gpu_usage(w["t1"], w["p1"], start, start + timedelta(hours=1), gpus=1, model="A100-40GB")
@@ -216,7 +216,7 @@ async def test_usage_without_a_price_waits_and_is_rated_when_one_is_published(h,
     assert await q(kit, "SELECT count(*) FROM prices") == 1
 
 
-async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(h, billing, auth) -> None:
     client, kit, w = billing
     await set_prices(client, auth, w, frm=now() - timedelta(days=40))
     r = await client.post(
@@ -270,7 +270,7 @@ async def test_budgets_alert_once_per_threshold_and_costs_split_per_project(h, b
     assert (await client.get("/costs/breakdown", headers=auth(w["tadmin"]))).status_code == 403
 
 
-async def test_statements_close_ended_periods_once(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_statements_close_ended_periods_once(h, billing, auth) -> None:
     client, kit, w = billing
     this_month = month_start(now())
     last_month = month_start(this_month - timedelta(days=1))
@@ -308,7 +308,7 @@ async def test_statements_close_ended_periods_once(h, billing, auth) -> None:  #
     ).status_code == 404
 
 
-async def test_a_statement_is_read_only_within_its_tenant(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_a_statement_is_read_only_within_its_tenant(h, billing, auth) -> None:
     client, kit, w = billing
     this_month = month_start(now())
     last_month = month_start(this_month - timedelta(days=1))
@@ -331,7 +331,7 @@ async def test_a_statement_is_read_only_within_its_tenant(h, billing, auth) -> N
     assert unknown.status_code == 404 and unknown.json()["code"] == "statement_not_found"
 
 
-async def test_a_new_price_rates_usage_from_its_start_and_earlier_usage_keeps_the_old_one(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_a_new_price_rates_usage_from_its_start_and_earlier_usage_keeps_the_old_one(h, billing, auth) -> None:
     client, kit, w = billing
     switch = now().replace(microsecond=0) - timedelta(hours=2)
     await set_prices(client, auth, w, gpu="2.00", frm=switch - timedelta(days=10))
@@ -380,7 +380,7 @@ async def test_a_new_price_rates_usage_from_its_start_and_earlier_usage_keeps_th
     assert r.status_code == 409 and r.json()["code"] == "price_not_after_current"
 
 
-async def test_amounts_are_rounded_half_even_to_six_decimals_and_totals_are_exact_sums(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_amounts_are_rounded_half_even_to_six_decimals_and_totals_are_exact_sums(h, billing, auth) -> None:
     """The rule of domain.rate: amounts to 0.000001 ROUND_HALF_EVEN (ties go to the even digit), quantities to
     9 decimals; views and statements add the rounded charges, so a total is exactly the sum of its lines."""
     client, kit, w = billing
@@ -412,5 +412,5 @@ async def test_amounts_are_rounded_half_even_to_six_decimals_and_totals_are_exac
     assert r.json()["balanced"] is True
 
 
-async def _is(value_coro, expected) -> bool:  # type: ignore[no-untyped-def]
+async def _is(value_coro, expected) -> bool:
     return (await value_coro) == expected

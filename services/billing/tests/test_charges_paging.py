@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-async def test_charges_page_with_a_stable_cursor(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_charges_page_with_a_stable_cursor(h, billing, auth) -> None:
     client, kit, w = billing
     op = auth(w["op"])
     r = await client.post(

@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-async def test_daily_series_adds_up_to_the_period_cost(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_daily_series_adds_up_to_the_period_cost(h, billing, auth) -> None:
     client, kit, w = billing
     op = auth(w["op"])
     for body in (

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def quiet_billing(infra, signer) -> AsyncIterator[tuple[Any, Any]]:  # type: ignore[no-untyped-def]
+async def quiet_billing(infra, signer) -> AsyncIterator[tuple[Any, Any]]:
     app = await service_app(SPEC, infra.admin_url, infra.kafka_bootstrap, run_consumers=False)
     async with running(app, jwks=signer.jwks, wait_consumer=False) as (client, kit):
         yield client, kit
@@ -42,7 +42,7 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-async def test_rating_billing_lag_and_ledger_balance(h, quiet_billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_rating_billing_lag_and_ledger_balance(h, quiet_billing, auth) -> None:
     client, kit = quiet_billing
     op, tenant, project = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     await h.apply(kit, platform_admin(op))

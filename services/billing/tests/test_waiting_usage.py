@@ -21,12 +21,12 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-async def q(kit, sql: str, **params):  # type: ignore[no-untyped-def]
+async def q(kit, sql: str, **params):
     async with kit.sessions() as s:
         return (await s.execute(text(sql), params)).scalar_one()
 
 
-async def test_usage_before_its_first_price_is_rated_once_when_it_arrives(h, billing, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_usage_before_its_first_price_is_rated_once_when_it_arrives(h, billing, infra, auth) -> None:
     client, kit, w = billing
     slug = f"app-{uuid.uuid4().hex[:6]}"
     instance = uuid.uuid4()
@@ -75,7 +75,7 @@ async def test_usage_before_its_first_price_is_rated_once_when_it_arrives(h, bil
     )
 
 
-async def test_gpu_charges_carry_the_instance_of_their_usage_record(h, billing, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_gpu_charges_carry_the_instance_of_their_usage_record(h, billing, auth) -> None:
     client, kit, w = billing
     start = now().replace(microsecond=0) - timedelta(hours=2)
     r = await client.post(

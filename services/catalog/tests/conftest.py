@@ -83,7 +83,7 @@ def membership(user: uuid.UUID, role: Role, tenant: uuid.UUID | None, project: u
 
 
 @pytest.fixture(scope="module")
-async def world(infra, signer) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+async def world(infra, signer) -> AsyncIterator[World]:
     app = await service_app(SPEC, infra.admin_url, infra.kafka_bootstrap)
     async with running(app, jwks=signer.jwks) as (client, kit):
         ids = {k: uuid.uuid4() for k in ("operator", "t1", "t2", "p1", "t1_admin", "t1_member", "t2_admin")}

@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def manifest(ref: str, slug: str | None = None, **extra):  # type: ignore[no-untyped-def]
+def manifest(ref: str, slug: str | None = None, **extra):
     return {
         "slug": slug or f"app-{uuid.uuid4().hex[:8]}",
         "display_name": "App",
@@ -21,13 +21,13 @@ def manifest(ref: str, slug: str | None = None, **extra):  # type: ignore[no-unt
     }
 
 
-async def test_manifest_validation_and_gates(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_manifest_validation_and_gates(world, flows) -> None:
     c, op = world.client, world.op
     img = await flows.image()
     art = await flows.register(img.ref)
     ref = img.ref
 
-    async def post(body):  # type: ignore[no-untyped-def]
+    async def post(body):
         return await c.post("/apps", json=body, headers=op)
 
     r = await post(manifest(f"{img.registry}/{img.repository}:v1"))
@@ -116,13 +116,13 @@ async def test_manifest_validation_and_gates(world, flows) -> None:  # type: ign
     assert schema.status_code == 200 and "image" in schema.json()["required"]
 
 
-async def test_entitlements_decide_what_a_tenant_lists(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_entitlements_decide_what_a_tenant_lists(world, flows) -> None:
     c = world.client
     slug = f"jup-{uuid.uuid4().hex[:6]}"
     _, m = await flows.active_app(slug, [world.t1], runtime_version="JupyterLab 4.2")
     t1_member, t1_admin, t2_admin = (world.headers(u) for u in (world.t1_member, world.t1_admin, world.t2_admin))
 
-    def slugs(r):  # type: ignore[no-untyped-def]
+    def slugs(r):
         assert r.status_code == 200, r.text
         return {a["slug"] for a in r.json()}
 
@@ -197,7 +197,7 @@ async def test_entitlements_decide_what_a_tenant_lists(world, flows) -> None:  #
     assert [x["code"] for x in verdict.json()["reasons"]] == ["manifest_deprecated"]
 
 
-async def test_compatibility_reasons(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_compatibility_reasons(world, flows) -> None:
     c = world.client
     slug = f"rke-{uuid.uuid4().hex[:6]}"
     await flows.active_app(
@@ -213,7 +213,7 @@ async def test_compatibility_reasons(world, flows) -> None:  # type: ignore[no-u
     await flows.entitle(world.t1, slug)
     h = world.headers(world.t1_member)
 
-    async def check(**shape):  # type: ignore[no-untyped-def]
+    async def check(**shape):
         r = await c.post(f"/apps/{slug}/compatibility", json={"tenant_id": str(world.t1), **shape}, headers=h)
         assert r.status_code == 200, r.text
         return r.json()
@@ -239,7 +239,7 @@ async def test_compatibility_reasons(world, flows) -> None:  # type: ignore[no-u
     assert r.status_code == 422 and r.json()["code"] == "validation_error"
 
 
-async def test_seed_apps_with_honest_labels(world, registry) -> None:  # type: ignore[no-untyped-def]
+async def test_seed_apps_with_honest_labels(world, registry) -> None:
     c = world.client
     tenant = await world.new_tenant(admin=world.t2_admin)
     body = {"registry": registry.address, "tenant_ids": [str(tenant)]}

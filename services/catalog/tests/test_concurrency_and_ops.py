@@ -16,7 +16,7 @@ from gpuaas.kit.tables import outbox
 pytestmark = pytest.mark.integration
 
 
-async def test_concurrent_transitions_and_grants_do_not_double_apply(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_transitions_and_grants_do_not_double_apply(world, flows) -> None:
     art = await flows.register((await flows.image()).ref)
     aid = art["artifact_id"]
     await flows.check(aid, "lint")
@@ -41,7 +41,7 @@ async def test_concurrent_transitions_and_grants_do_not_double_apply(world, flow
     assert [e["app_slug"] for e in ents].count(slug) == 1
 
 
-async def test_idempotency_key_replays_the_first_answer(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_idempotency_key_replays_the_first_answer(world, flows) -> None:
     ref = (await flows.image()).ref
     headers = {**world.op, "Idempotency-Key": uuid.uuid4().hex}
     first = await world.client.post("/artifacts", json={"ref": ref}, headers=headers)
@@ -50,7 +50,7 @@ async def test_idempotency_key_replays_the_first_answer(world, flows) -> None:  
     assert first.json()["artifact_id"] == second.json()["artifact_id"]
 
 
-async def test_a_check_result_run_twice_is_recorded_once(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_a_check_result_run_twice_is_recorded_once(world, flows) -> None:
     """A check request whose process died after its commit, before its response was stored, runs again when
     the retry takes the stale Idempotency-Key reservation over: the same result must not be recorded twice
     (found by tests/faults: catalog killed mid promotion). A different result is a new record."""
@@ -73,7 +73,7 @@ async def test_a_check_result_run_twice_is_recorded_once(world, flows) -> None: 
     assert audits == 3  # register, lint (once), lint again with another result
 
 
-async def test_service_account_reads_its_tenants_catalog(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_service_account_reads_its_tenants_catalog(world, flows) -> None:
     slug = f"sa-{uuid.uuid4().hex[:6]}"
     await flows.active_app(slug, [world.t1])
     await flows.entitle(world.t1, slug)
@@ -103,7 +103,7 @@ async def test_service_account_reads_its_tenants_catalog(world, flows) -> None: 
     assert (await world.client.get("/apps", headers=unscoped)).status_code == 403
 
 
-async def test_snapshot_pages_full_state_and_metrics_count(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_snapshot_pages_full_state_and_metrics_count(world, flows) -> None:
     await flows.active_app(f"snap-{uuid.uuid4().hex[:6]}", [world.t1])
     seen: list[dict] = []
     after = None

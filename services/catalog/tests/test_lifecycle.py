@@ -21,7 +21,7 @@ from gpuaas.kit.testing import wait_for
 pytestmark = pytest.mark.integration
 
 
-async def test_promotion_gates_in_order(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_promotion_gates_in_order(world, flows) -> None:
     art = await flows.register((await flows.image()).ref)
     aid = art["artifact_id"]
 
@@ -115,7 +115,7 @@ async def test_promotion_gates_in_order(world, flows) -> None:  # type: ignore[n
     assert types.count("artifact.transitioned") == 7 and types.count("artifact.registered") == 1
 
 
-async def test_tampering_after_registration_blocks_promotion(world, flows, registry) -> None:  # type: ignore[no-untyped-def]
+async def test_tampering_after_registration_blocks_promotion(world, flows, registry) -> None:
     ref = await flows.image()
     art = await flows.register(ref.ref)
     await flows.check(art["artifact_id"], "lint")
@@ -164,7 +164,7 @@ def _instance(
     return cls.build(data=state, source="app-runtime")
 
 
-async def test_retire_refused_while_an_instance_uses_the_digest(world, flows, infra) -> None:  # type: ignore[no-untyped-def]
+async def test_retire_refused_while_an_instance_uses_the_digest(world, flows, infra) -> None:
     slug = f"ret-{uuid.uuid4().hex[:6]}"
     art, manifest = await flows.active_app(slug, [world.t1])
     aid, digest = art["artifact_id"], art["digest"]

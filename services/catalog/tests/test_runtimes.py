@@ -15,7 +15,7 @@ from gpuaas.kit.tables import outbox
 pytestmark = pytest.mark.integration
 
 
-async def test_runtime_manifest_follows_the_artifact_lifecycle(world, flows, registry) -> None:  # type: ignore[no-untyped-def]
+async def test_runtime_manifest_follows_the_artifact_lifecycle(world, flows, registry) -> None:
     slug = f"rt-{uuid.uuid4().hex[:8]}"
     img = await flows.image(repo=f"runtimes/{slug}")
     art = await flows.register(img.ref)

@@ -41,7 +41,7 @@ def test_refs_must_be_pinned_by_digest() -> None:
     assert "'v1'" in err.value.detail and "pin it" not in err.value.detail  # names the tag, says what to do
 
 
-async def test_register_verifies_content_and_refuses_wrong_missing_and_tampered(world, flows, registry) -> None:  # type: ignore[no-untyped-def]
+async def test_register_verifies_content_and_refuses_wrong_missing_and_tampered(world, flows, registry) -> None:
     c, op = world.client, world.op
     ref = await flows.image()
     art = await flows.register(ref.ref)
@@ -85,7 +85,7 @@ async def test_register_verifies_content_and_refuses_wrong_missing_and_tampered(
     assert unreachable.status_code == 503 and unreachable.json()["code"] == "registry_unreachable"
 
 
-async def test_only_operators_register_and_promote(world, flows) -> None:  # type: ignore[no-untyped-def]
+async def test_only_operators_register_and_promote(world, flows) -> None:
     ref = await flows.image()
     r = await world.client.post("/artifacts", json={"ref": ref.ref}, headers=world.headers(world.t1_admin))
     assert r.status_code == 403 and r.json()["code"] == "permission_denied"
@@ -102,7 +102,7 @@ async def test_only_operators_register_and_promote(world, flows) -> None:  # typ
     assert r.status_code == 403
 
 
-async def test_image_built_with_umoci_and_pushed_with_skopeo(world, flows, registry, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_image_built_with_umoci_and_pushed_with_skopeo(world, flows, registry, tmp_path) -> None:
     tools = require_tools("umoci", "skopeo")
     layout = tmp_path / "img"
 
@@ -130,7 +130,7 @@ async def test_image_built_with_umoci_and_pushed_with_skopeo(world, flows, regis
     assert shutil.which("skopeo")
 
 
-async def test_blob_artifacts_as_oci_artifact_and_raw_blob(world, flows, registry, oci) -> None:  # type: ignore[no-untyped-def]
+async def test_blob_artifacts_as_oci_artifact_and_raw_blob(world, flows, registry, oci) -> None:
     weights = b"\x00\x01fake-weights" * 1000
     ref = await oci.push_blob_artifact(
         registry.address, "models/tiny", weights, artifact_type="application/vnd.gpuaas.model.v1", filename="w.bin"
@@ -157,7 +157,7 @@ async def test_blob_artifacts_as_oci_artifact_and_raw_blob(world, flows, registr
     assert content == [content[0]] and content[0]["passed"] is False
 
 
-async def test_cosign_key_pair_signatures(world, flows, oci) -> None:  # type: ignore[no-untyped-def]
+async def test_cosign_key_pair_signatures(world, flows, oci) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     pem = (
         key.public_key()

@@ -249,7 +249,7 @@ def make_upstream(name: str) -> FastAPI:
 
     else:
 
-        class Item(BaseModel):  # type: ignore[no-redef]
+        class Item(BaseModel):
             id: int
             price: float
 

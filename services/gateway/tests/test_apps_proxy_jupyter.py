@@ -203,7 +203,7 @@ async def _result_of(ws: ClientConnection, msg_id: str, v1: bool) -> str:
     async with asyncio.timeout(60):
         while True:
             raw = await ws.recv()
-            msg = _v1_unpack(raw) if v1 else json.loads(raw)  # type: ignore[arg-type]
+            msg = _v1_unpack(raw) if v1 else json.loads(raw)
             if msg["header"]["msg_type"] == "execute_result" and msg["parent_header"].get("msg_id") == msg_id:
                 return str(msg["content"]["data"]["text/plain"])
 

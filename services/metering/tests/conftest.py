@@ -122,19 +122,19 @@ async def metering_app(infra: Any, signer: Any, closer_interval_s: float) -> Asy
 
 
 @pytest.fixture
-async def metering(infra, signer) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+async def metering(infra, signer) -> AsyncIterator[World]:
     async with metering_app(infra, signer, closer_interval_s=3600.0) as world:
         yield world
 
 
 @pytest.fixture
-async def metering_live_closer(infra, signer) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+async def metering_live_closer(infra, signer) -> AsyncIterator[World]:
     async with metering_app(infra, signer, closer_interval_s=0.2) as world:
         yield world
 
 
 @pytest.fixture
-def auth(signer):  # type: ignore[no-untyped-def]
+def auth(signer):
     def make(subject: uuid.UUID, kind: str = "user", **claims: Any) -> dict[str, str]:
         return {"Authorization": f"Bearer {signer.token(subject, kind=kind, **claims)}"}
 

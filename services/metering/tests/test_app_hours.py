@@ -33,7 +33,7 @@ def test_windows_split_the_running_span_by_hour() -> None:
     assert windows(at(10, 20), at(10, 20)) == []
 
 
-async def _instance(kit, w, **values) -> uuid.UUID:  # type: ignore[no-untyped-def]
+async def _instance(kit, w, **values) -> uuid.UUID:
     iid = uuid.uuid4()
     async with kit.sessions() as s, s.begin():
         await s.execute(
@@ -50,7 +50,7 @@ async def _instance(kit, w, **values) -> uuid.UUID:  # type: ignore[no-untyped-d
     return iid
 
 
-async def _records(kit, iid) -> list:  # type: ignore[no-untyped-def]
+async def _records(kit, iid) -> list:
     async with kit.sessions() as s:
         rows = await s.execute(
             select(app_usage_records).where(app_usage_records.c.instance_id == iid).order_by("occurred_at")
@@ -58,7 +58,7 @@ async def _records(kit, iid) -> list:  # type: ignore[no-untyped-def]
         return list(rows)
 
 
-async def test_each_window_is_recorded_once(metering) -> None:  # type: ignore[no-untyped-def]
+async def test_each_window_is_recorded_once(metering) -> None:
     _client, kit, w = metering
     iid = await _instance(
         kit, w, status="decommissioned", launchable=True, running_since=at(10, 20), ended_at=at(12, 50)
@@ -88,7 +88,7 @@ async def test_each_window_is_recorded_once(metering) -> None:  # type: ignore[n
     assert events == 3  # one event per record, none for the repeats
 
 
-async def test_a_running_instance_is_recorded_window_by_window(metering) -> None:  # type: ignore[no-untyped-def]
+async def test_a_running_instance_is_recorded_window_by_window(metering) -> None:
     _client, kit, w = metering
     iid = await _instance(kit, w, status="running", launchable=True, running_since=at(10, 20))
     not_launchable = await _instance(kit, w, status="running", launchable=False, running_since=at(10, 20))

@@ -21,12 +21,12 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-async def known(kit, instance_id) -> bool:  # type: ignore[no-untyped-def]
+async def known(kit, instance_id) -> bool:
     async with kit.sessions() as s:
         return (await s.execute(instances.select().where(instances.c.instance_id == instance_id))).first() is not None
 
 
-async def outbox_app_usage(kit, instance_id) -> int:  # type: ignore[no-untyped-def]
+async def outbox_app_usage(kit, instance_id) -> int:
     async with kit.sessions() as s:
         return (
             await s.execute(
@@ -37,7 +37,7 @@ async def outbox_app_usage(kit, instance_id) -> int:  # type: ignore[no-untyped-
 
 
 @pytest.fixture
-async def instance(h, metering, infra):  # type: ignore[no-untyped-def]
+async def instance(h, metering, infra):
     _client, kit, w = metering
     e = h.instance_created(w["t1"], w["p1"], now() - timedelta(days=1))
     await h.publish(infra.kafka_bootstrap, [e])
@@ -45,7 +45,7 @@ async def instance(h, metering, infra):  # type: ignore[no-untyped-def]
     return e.data.instance_id
 
 
-def body(instance_id, key: str, **kw):  # type: ignore[no-untyped-def]
+def body(instance_id, key: str, **kw):
     return {
         "instance_id": str(instance_id),
         "unit": "tokens",
@@ -56,7 +56,7 @@ def body(instance_id, key: str, **kw):  # type: ignore[no-untyped-def]
     }
 
 
-async def test_post_twice_records_once_and_conflicting_reuse_is_refused(metering, instance, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_post_twice_records_once_and_conflicting_reuse_is_refused(metering, instance, auth) -> None:
     client, kit, w = metering
     sa = auth(w["sa"], kind="service_account", project_id=str(w["p1"]), scope="app-controller")
     b = body(instance, "req-1")
@@ -79,7 +79,7 @@ async def test_post_twice_records_once_and_conflicting_reuse_is_refused(metering
     assert await outbox_app_usage(kit, instance) == 2
 
 
-async def test_late_events_within_the_window_are_accepted_and_older_ones_refused(metering, instance, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_late_events_within_the_window_are_accepted_and_older_ones_refused(metering, instance, auth) -> None:
     client, kit, w = metering
     sa = auth(w["sa"], kind="service_account", project_id=str(w["p1"]), scope="app-controller")
     late = await client.post(
@@ -98,7 +98,7 @@ async def test_late_events_within_the_window_are_accepted_and_older_ones_refused
     assert await outbox_app_usage(kit, instance) == 1
 
 
-async def test_bad_input_and_access_are_problems_not_writes(metering, instance, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_bad_input_and_access_are_problems_not_writes(metering, instance, auth) -> None:
     client, kit, w = metering
     sa = auth(w["sa"], kind="service_account", project_id=str(w["p1"]), scope="app-controller")
     for bad in (
@@ -129,7 +129,7 @@ async def test_bad_input_and_access_are_problems_not_writes(metering, instance, 
     assert await outbox_app_usage(kit, instance) == 1
 
 
-async def test_a_usage_report_may_name_only_a_member_of_its_instance(h, metering, instance, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_a_usage_report_may_name_only_a_member_of_its_instance(h, metering, instance, auth) -> None:
     """Issue 17: `member_id` was stored unchecked; now it must be a member of the reported instance (as
     metering's projection of app-runtime's member events knows them)."""
     client, kit, w = metering

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 DOC = Path(__file__).resolve().parents[3] / "docs" / "slurm-reference.md"
 
 
-def documented_request() -> tuple[str, str, dict]:  # type: ignore[type-arg]
+def documented_request() -> tuple[str, str, dict]:
     """(method, path, body) of the first HTTP example under `## App usage`."""
     section = DOC.read_text(encoding="utf-8").split("## App usage", 1)[1]
     block = re.search(r"```http\n(.*?)```", section, re.S)
@@ -25,7 +25,7 @@ def documented_request() -> tuple[str, str, dict]:  # type: ignore[type-arg]
     return method, path, json.loads(body)
 
 
-async def test_the_slurm_reference_app_usage_example_is_accepted(h, metering, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_the_slurm_reference_app_usage_example_is_accepted(h, metering, auth) -> None:
     client, kit, w = metering
     e = h.instance_created(w["t1"], w["p1"], datetime.now(UTC) - timedelta(days=1), slug="slurm-reference")
     await h.apply(kit, e)

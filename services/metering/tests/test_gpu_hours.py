@@ -17,7 +17,7 @@ def hour_floor(t: datetime) -> datetime:
     return t.replace(minute=0, second=0, microsecond=0)
 
 
-async def test_gpu_hours_by_project_and_model(h, metering, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_gpu_hours_by_project_and_model(h, metering, auth) -> None:
     client, kit, w = metering
     hour = hour_floor(datetime.now(UTC)) - timedelta(hours=1)
     start = hour - timedelta(hours=3)

@@ -44,7 +44,7 @@ def member_event(
     return cls.build(data=state, source="app-runtime")
 
 
-async def windows(kit, allocation_id: uuid.UUID) -> list[uuid.UUID | None]:  # type: ignore[no-untyped-def]
+async def windows(kit, allocation_id: uuid.UUID) -> list[uuid.UUID | None]:
     async with kit.sessions() as s:
         rows = await s.execute(
             select(usage_records.c.instance_id)
@@ -54,7 +54,7 @@ async def windows(kit, allocation_id: uuid.UUID) -> list[uuid.UUID | None]:  # t
         return [r[0] for r in rows]
 
 
-async def recorded_events(kit, allocation_id: uuid.UUID) -> list[dict]:  # type: ignore[no-untyped-def]
+async def recorded_events(kit, allocation_id: uuid.UUID) -> list[dict]:
     async with kit.sessions() as s:
         rows = await s.execute(
             text("SELECT payload FROM outbox WHERE event_type = 'usage.recorded' AND aggregate_id = :a ORDER BY seq"),
@@ -63,7 +63,7 @@ async def recorded_events(kit, allocation_id: uuid.UUID) -> list[dict]:  # type:
         return [json.loads(r[0])["data"] for r in rows]
 
 
-async def test_gpu_usage_records_name_the_instance_running_on_the_allocation(h, metering) -> None:  # type: ignore[no-untyped-def]
+async def test_gpu_usage_records_name_the_instance_running_on_the_allocation(h, metering) -> None:
     _client, kit, w = metering
     start = hour_floor(datetime.now(UTC)) - timedelta(hours=3)
     inst, inst2 = uuid.uuid4(), uuid.uuid4()
@@ -95,7 +95,7 @@ async def test_gpu_usage_records_name_the_instance_running_on_the_allocation(h, 
     assert await windows(kit, left.allocation_id) == [inst, None]  # the member left in the first hour
 
 
-async def test_app_usage_for_another_projects_instance_is_instance_not_found(h, metering, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_app_usage_for_another_projects_instance_is_instance_not_found(h, metering, auth) -> None:
     client, kit, w = metering
     e = h.instance_created(w["t1"], w["p1"], datetime.now(UTC) - timedelta(days=1))
     await h.apply(kit, e)

@@ -32,17 +32,17 @@ def last_hour() -> datetime:
     return hour_floor(now()) - timedelta(hours=1)
 
 
-async def meter(kit, allocation_id):  # type: ignore[no-untyped-def]
+async def meter(kit, allocation_id):
     async with kit.sessions() as s:
         return (await s.execute(select(meters).where(meters.c.allocation_id == allocation_id))).first()
 
 
-async def host_lost_since(kit, host_id):  # type: ignore[no-untyped-def]
+async def host_lost_since(kit, host_id):
     async with kit.sessions() as s:
         return (await s.execute(select(hosts.c.lost_since).where(hosts.c.host_id == host_id))).scalar_one_or_none()
 
 
-async def usage(kit, allocation_id) -> tuple[int, Decimal]:  # type: ignore[no-untyped-def]
+async def usage(kit, allocation_id) -> tuple[int, Decimal]:
     async with kit.sessions() as s:
         row = (
             await s.execute(
@@ -54,7 +54,7 @@ async def usage(kit, allocation_id) -> tuple[int, Decimal]:  # type: ignore[no-u
     return row[0], Decimal(row[1])
 
 
-async def outbox_count(kit, event_type: str, subject: uuid.UUID) -> int:  # type: ignore[no-untyped-def]
+async def outbox_count(kit, event_type: str, subject: uuid.UUID) -> int:
     async with kit.sessions() as s:
         return (
             await s.execute(
@@ -68,7 +68,7 @@ def seconds(gpus: int, start: datetime, end: datetime) -> Decimal:
     return (Decimal(gpus) * Decimal(str((end - start).total_seconds()))).quantize(MICRO)
 
 
-async def test_release_failed_allocation_stops_accruing_at_the_release_request(h, metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_release_failed_allocation_stops_accruing_at_the_release_request(h, metering, infra, auth) -> None:
     client, kit, w = metering
     hour = last_hour()
     activated = hour - timedelta(hours=2) + timedelta(minutes=15)
@@ -113,7 +113,7 @@ async def test_release_failed_allocation_stops_accruing_at_the_release_request(h
     assert datetime.fromisoformat(r.json()["closed_at"]) == stop
 
 
-async def test_replayed_and_redelivered_lifecycle_events_never_add_usage(h, metering, infra) -> None:  # type: ignore[no-untyped-def]
+async def test_replayed_and_redelivered_lifecycle_events_never_add_usage(h, metering, infra) -> None:
     _client, kit, w = metering
     activated = now() - timedelta(minutes=90)
     e1, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=1)
@@ -139,7 +139,7 @@ async def test_replayed_and_redelivered_lifecycle_events_never_add_usage(h, mete
     assert before[1] == seconds(1, activated, stop)
 
 
-async def test_resize_splits_usage_at_the_change(h, metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_resize_splits_usage_at_the_change(h, metering, infra, auth) -> None:
     client, kit, w = metering
     activated = last_hour() + timedelta(minutes=40)  # the story crosses an hour boundary at +20 min
     e1, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=2)
@@ -164,7 +164,7 @@ async def test_resize_splits_usage_at_the_change(h, metering, infra, auth) -> No
     assert windows == [(2, "1200.000000", False), (4, "2400.000000", False), (4, "2400.000000", True)]
 
 
-async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(h, metering, infra, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(h, metering, infra, auth) -> None:
     client, kit, w = metering
     t = last_hour() - timedelta(hours=2)
     host_id = uuid.uuid4()
@@ -220,7 +220,7 @@ async def test_heartbeat_lost_suspends_billing_after_grace_and_recovery_resumes(
     assert await outbox_count(kit, "meter.resumed", a.allocation_id) == 1
 
 
-async def test_an_allocation_that_fails_before_it_is_active_is_never_metered(h, metering, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_an_allocation_that_fails_before_it_is_active_is_never_metered(h, metering, auth) -> None:
     client, kit, w = metering
     requested = last_hour()
     _, a = h.new_allocation(w["t1"], w["p1"], requested, gpus=4)
@@ -243,7 +243,7 @@ async def test_an_allocation_that_fails_before_it_is_active_is_never_metered(h, 
     assert r.status_code == 404 and r.json()["code"] == "meter_not_found"
 
 
-async def test_an_allocation_that_fails_while_active_is_metered_up_to_the_failure(h, metering, auth) -> None:  # type: ignore[no-untyped-def]
+async def test_an_allocation_that_fails_while_active_is_metered_up_to_the_failure(h, metering, auth) -> None:
     client, kit, w = metering
     activated = last_hour() - timedelta(hours=1) + timedelta(minutes=10)
     opened, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=2)
@@ -270,7 +270,7 @@ async def test_an_allocation_that_fails_while_active_is_metered_up_to_the_failur
     assert await outbox_count(kit, "meter.closed", a.allocation_id) == 1
 
 
-async def test_closer_replicas_share_due_meters_without_double_recording(h, metering) -> None:  # type: ignore[no-untyped-def]
+async def test_closer_replicas_share_due_meters_without_double_recording(h, metering) -> None:
     _client, kit, w = metering
     # Meters 3 h old, created through the handlers in-process (no broker needed for this property); the
     # app's own closer is idle in this fixture, so only the two replicas below compete.
@@ -300,7 +300,7 @@ async def test_closer_replicas_share_due_meters_without_double_recording(h, mete
     assert rows == events == written
 
 
-async def test_the_closer_claims_the_next_batch_at_once_while_batches_are_full(h, metering) -> None:  # type: ignore[no-untyped-def]
+async def test_the_closer_claims_the_next_batch_at_once_while_batches_are_full(h, metering) -> None:
     _client, kit, w = metering
     hour = last_hour()
     opened = [h.new_allocation(w["t1"], w["p1"], hour - timedelta(minutes=30), gpus=1) for _ in range(12)]
@@ -310,7 +310,7 @@ async def test_the_closer_claims_the_next_batch_at_once_while_batches_are_full(h
     assert [(await usage(kit, a.allocation_id))[0] for _, a in opened] == [1] * 12
 
 
-async def test_the_background_closer_records_every_ended_hour(h, metering_live_closer) -> None:  # type: ignore[no-untyped-def]
+async def test_the_background_closer_records_every_ended_hour(h, metering_live_closer) -> None:
     _client, kit, w = metering_live_closer
     activated = hour_floor(now()) - timedelta(hours=3) + timedelta(minutes=15)
     opened, a = h.new_allocation(w["t1"], w["p1"], activated, gpus=3)
@@ -325,24 +325,24 @@ async def test_the_background_closer_records_every_ended_hour(h, metering_live_c
     assert n == round((m.billed_until - hour_floor(activated)) / timedelta(hours=1))
 
 
-async def _is(value_coro, expected) -> bool:  # type: ignore[no-untyped-def]
+async def _is(value_coro, expected) -> bool:
     return (await value_coro) == expected
 
 
-async def _billed_at_least(kit, allocation_id, until: datetime) -> bool:  # type: ignore[no-untyped-def]
+async def _billed_at_least(kit, allocation_id, until: datetime) -> bool:
     m = await meter(kit, allocation_id)
     return m is not None and m.billed_until >= until
 
 
-async def _reason_has(kit, allocation_id, text_: str) -> bool:  # type: ignore[no-untyped-def]
+async def _reason_has(kit, allocation_id, text_: str) -> bool:
     m = await meter(kit, allocation_id)
     return m is not None and text_ in (m.close_reason or "")
 
 
-async def _closed(kit, allocation_id) -> bool:  # type: ignore[no-untyped-def]
+async def _closed(kit, allocation_id) -> bool:
     return await _status(kit, allocation_id, "closed")
 
 
-async def _status(kit, allocation_id, status: str) -> bool:  # type: ignore[no-untyped-def]
+async def _status(kit, allocation_id, status: str) -> bool:
     m = await meter(kit, allocation_id)
     return m is not None and m.status == status

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def quiet_metering(infra) -> AsyncIterator[tuple[Any, Any]]:  # type: ignore[no-untyped-def]
+async def quiet_metering(infra) -> AsyncIterator[tuple[Any, Any]]:
     app = await service_app(
         SPEC, infra.admin_url, infra.kafka_bootstrap, run_consumers=False, window_settle_s=0.0, closer_interval_s=3600.0
     )
@@ -44,7 +44,7 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-async def test_meters_and_emitted_usage_records(h, quiet_metering) -> None:  # type: ignore[no-untyped-def]
+async def test_meters_and_emitted_usage_records(h, quiet_metering) -> None:
     client, kit = quiet_metering
     before = await scrape(client)
     assert value(before, "gpuaas_meters", status="open") == 0.0

@@ -71,6 +71,7 @@ def resolve_url(flag: str | None, config: Config, start: Path | None = None) -> 
     if config.url:
         return config.url.rstrip("/")
     state = stack_json(start)
-    if state and (url := (state.get("gateway") or {}).get("url")):
+    gateway: dict[str, Any] = (state or {}).get("gateway") or {}
+    if url := gateway.get("url"):
         return str(url).rstrip("/")
     return DEFAULT_URL

@@ -4,11 +4,14 @@ everything that worked with ids before works the same way."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from gpuaas.cli.refs import Unresolved, is_uuid, resolve
 from gpuaas.sdk import Client
 from gpuaas.sdk.models import Instance, Membership
+
+T = TypeVar("T")
 
 
 async def my_projects(c: Client) -> list[dict[str, Any]]:
@@ -53,7 +56,14 @@ async def tenant(c: Client, ref: str) -> str:
     )
 
 
-def _live_first(kind: str, ref: str, items: list[Any], live: list[Any], id_of: Any, names: Any) -> Any:
+def _live_first(
+    kind: str,
+    ref: str,
+    items: list[T],
+    live: list[T],
+    id_of: Callable[[T], object],
+    names: Callable[[T], Iterable[object]],
+) -> T:
     """A released/decommissioned thing keeps its name: a live namesake wins; the others are found only when no
     live one fits."""
     try:

@@ -7,9 +7,9 @@ same way (a date as the API wrote it, an id as text), so the output does not dep
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from pydantic_core import to_jsonable_python
 from rich.console import Console
@@ -32,9 +32,9 @@ def plain(data: Any) -> Any:
     if isinstance(data, JsonView):
         return data.as_json()
     if isinstance(data, list | tuple):
-        return [plain(item) for item in data]
+        return [plain(item) for item in cast(Iterable[object], data)]
     if isinstance(data, dict):
-        return {key: plain(value) for key, value in data.items()}
+        return {key: plain(value) for key, value in cast(dict[object, object], data).items()}
     return to_jsonable_python(data, by_alias=True)
 
 

@@ -81,7 +81,7 @@ def resolve(
     ref = ref.strip()
     if not ref:
         raise Unresolved("invalid_reference", f"no {kind} given")
-    cands = []
+    cands: list[tuple[T, Candidate]] = []
     for item in items:
         keys = tuple(str(n) for n in names(item) if n)
         cands.append((item, Candidate(str(id_of(item)), keys[0] if keys else "", keys)))

@@ -68,7 +68,7 @@ class LoopbackListener:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: object) -> None:
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._server = HTTPServer(("127.0.0.1", 0), Handler)

@@ -9,9 +9,13 @@ from decimal import Decimal
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from gpuaas.contracts import Event
 from gpuaas.contracts.events.billing import ChargePosted, StatementClosed
+
+# A connection, or the pool's proxy of one (what `pool.acquire()` yields).
+Conn = asyncpg.Connection | PoolConnectionProxy
 
 DDL = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -67,11 +71,11 @@ def month_start(t: datetime) -> datetime:
     return t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
-async def setup(conn: asyncpg.Connection, schema: str) -> None:
+async def setup(conn: Conn, schema: str) -> None:
     await conn.execute(DDL.format(s=schema))
 
 
-async def apply(conn: asyncpg.Connection, schema: str, events: list[Event]) -> None:
+async def apply(conn: Conn, schema: str, events: list[Event]) -> None:
     """The effects of new (never seen) events, in order; other billing events are not exported."""
     for e in events:
         if isinstance(e, ChargePosted):
@@ -80,7 +84,7 @@ async def apply(conn: asyncpg.Connection, schema: str, events: list[Event]) -> N
             await _statement(conn, schema, e)
 
 
-async def _charge(conn: asyncpg.Connection, s: str, e: ChargePosted) -> None:
+async def _charge(conn: Conn, s: str, e: ChargePosted) -> None:
     c = e.data
     period = c.period_start or month_start(c.usage_start)
     app = c.app_slug or ""
@@ -110,7 +114,7 @@ async def _charge(conn: asyncpg.Connection, s: str, e: ChargePosted) -> None:
     )  # fmt: skip
 
 
-async def _statement(conn: asyncpg.Connection, s: str, e: StatementClosed) -> None:
+async def _statement(conn: Conn, s: str, e: StatementClosed) -> None:
     st = e.data
     lines = st.model_dump(mode="json")["lines"]
     await conn.execute(
@@ -160,7 +164,7 @@ def export_row(r: asyncpg.Record) -> dict[str, Any]:
     }
 
 
-async def exports(conn: asyncpg.Connection, s: str, tenant_id: uuid.UUID | None) -> list[dict[str, Any]]:
+async def exports(conn: Conn, s: str, tenant_id: uuid.UUID | None) -> list[dict[str, Any]]:
     where = "WHERE x.tenant_id = $1" if tenant_id else ""
     args = [tenant_id] if tenant_id else []
     sql = EXPORT_SQL.format(s=s) + f" {where} ORDER BY x.period_start DESC, x.tenant_id, x.currency"
@@ -168,7 +172,7 @@ async def exports(conn: asyncpg.Connection, s: str, tenant_id: uuid.UUID | None)
 
 
 async def lines(
-    conn: asyncpg.Connection, s: str, tenant_id: uuid.UUID, period_start: datetime, currency: str
+    conn: Conn, s: str, tenant_id: uuid.UUID, period_start: datetime, currency: str
 ) -> list[asyncpg.Record]:
     return await conn.fetch(
         f"""SELECT project_id, sku, app_slug, unit, quantity, amount, charges FROM {s}.invoice_lines

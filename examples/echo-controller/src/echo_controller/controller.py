@@ -82,6 +82,8 @@ class EchoController(Controller):
             "sh -s", input=env(START_SERVER, MEMBER=op.target_member_id, GREETING=config.greeting)
         )
         port = int(out.stdout.split("PORT=")[1].split()[0])
+        if op.allocation_id is None:  # an add names the allocation the member runs on
+            raise PermanentError("this operation names no allocation")
         host = await member_address(ctx.client, op.allocation_id)  # reachable from the other members
         state = await ctx.state()
         await state.update(

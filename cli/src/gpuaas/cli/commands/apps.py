@@ -322,7 +322,8 @@ def open_(
             return data, c.token
 
     data, token = run(go())
-    workload = (data.get("runtime_detail") or {}).get("workload")
+    detail: dict[str, Any] = data.get("runtime_detail") or {}
+    workload: dict[str, Any] | None = detail.get("workload")
     if not workload:
         err.print(
             f"[red]error:[/red] {data['name']} ({data['app_slug']}) is not a launchable app: nothing to open "
@@ -339,9 +340,11 @@ def open_(
             opened = webbrowser.get().open(f"{url}?{urlencode({'access_token': token})}")
         except webbrowser.Error:
             opened = False
-    emit(
-        st,
-        {"instance_id": data["instance_id"], "name": data["name"], "status": data["status"], "url": url}
-        | {"opened": opened},
-        lambda d: out.print(d["url"], highlight=False, soft_wrap=True),
-    )
+    opening: dict[str, Any] = {
+        "instance_id": data["instance_id"],
+        "name": data["name"],
+        "status": data["status"],
+        "url": url,
+        "opened": opened,
+    }
+    emit(st, opening, lambda d: out.print(d["url"], highlight=False, soft_wrap=True))

@@ -25,11 +25,11 @@ def login(
 ) -> None:
     """Sign in (password, or --sso for a work account with single sign-on in the browser)."""
     st = state_of(ctx)
-    email = email or typer.prompt("Email")
+    address: str = email or typer.prompt("Email")
 
     async def go() -> dict[str, Any]:
         async with client(st, authenticated=False) as c:
-            found = await c.discover(email)
+            found = await c.discover(address)
             idp = found.identity_provider or {}
             if sso or idp.get("enforce_sso"):
                 if not idp:
@@ -40,10 +40,10 @@ def login(
                             "detail": "no single sign-on is set up for this email's domain: use your password",
                         },
                     )
-                return await _sso_login(st, c, found, email, open_browser=browser, timeout_s=timeout)
+                return await _sso_login(st, c, found, address, open_browser=browser, timeout_s=timeout)
             pw = password or typer.prompt("Password", hide_input=True)
-            tokens = await c.token_grant("password", username=email, password=pw)
-            return await _signed_in(st, c, email, tokens)
+            tokens = await c.token_grant("password", username=address, password=pw)
+            return await _signed_in(st, c, address, tokens)
 
     result = run(go())
     emit(st, result, lambda r: out.print(f"Signed in as [bold]{r['signed_in']}[/bold] on {r['url']}"))

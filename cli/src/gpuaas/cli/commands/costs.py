@@ -88,7 +88,7 @@ def render_daily(d: dict[str, Any], names: dict[str, str]) -> None:
     scope = names.get(str(d.get("project_id"))) if d.get("project_id") else "the whole tenant"
     out.print(f"Spend per day, {text(d['period_start'])[:10]} to {text(d['period_end'])[:10]} ({scope})")
     running: dict[str, Decimal] = {}
-    rows = []
+    rows: list[list[str]] = []
     for day in d["days"]:
         cur = day["currency"]
         running[cur] = running.get(cur, Decimal(0)) + Decimal(str(day["amount"]))

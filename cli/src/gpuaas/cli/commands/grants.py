@@ -25,7 +25,7 @@ Grant = Annotated[str, typer.Argument(metavar="GRANT", help="Grant id, its short
 def list_(ctx: typer.Context, allocation: Ref) -> None:
     st = state_of(ctx)
 
-    async def go() -> tuple[list[SshGrant], dict[str, str]]:
+    async def go() -> tuple[list[SshGrant], dict[str, str | None]]:
         async with client(st) as c:
             pid = await project_id(st, c)
             aid = await allocation_ref(st, c, allocation)

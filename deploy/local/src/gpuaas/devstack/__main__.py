@@ -201,7 +201,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuaas.devstack", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gpuaas.devstack", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--root", type=Path, default=None, help="state directory (default: <workspace>/.local)")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)

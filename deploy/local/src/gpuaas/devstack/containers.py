@@ -29,7 +29,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpuaas.devstack.infra import free_port, stop_process
 from gpuaas.devstack.infra_images import KAFKA_IMAGE, POSTGRES_IMAGE
@@ -134,7 +134,8 @@ class PodmanService:
 
 def _publish_on_loopback(container: DockerContainer, port: int, host_port: int) -> None:
     # testcontainers' with_bind_ports binds every interface; docker-py takes (ip, port) for one.
-    container.ports[f"{port}/tcp"] = ("127.0.0.1", host_port)  # type: ignore[assignment]
+    ports = cast(dict[str, object], container.ports)  # typed as port -> port; docker-py also takes (ip, port)
+    ports[f"{port}/tcp"] = ("127.0.0.1", host_port)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict
 
 import psutil
 
@@ -106,6 +106,13 @@ def _pg_bin() -> Path:
     return POSTGRES_BIN_PATH
 
 
+class _RunAs(TypedDict, total=False):
+    """subprocess arguments that run Postgres as its own user (when we are root)."""
+
+    user: int
+    group: int
+
+
 def _ensure_pg_user() -> tuple[int, int] | None:
     if os.geteuid() != 0:
         return None
@@ -151,7 +158,7 @@ class EmbeddedPostgres:
     def url(self, database: str) -> str:
         return f"postgresql://postgres:{self.password}@{self.host}:{self.port}/{database}"
 
-    def _demote(self) -> dict[str, object]:
+    def _demote(self) -> _RunAs:
         ids = _ensure_pg_user()
         return {"user": ids[0], "group": ids[1]} if ids else {}
 

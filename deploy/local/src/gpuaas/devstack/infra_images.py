@@ -227,7 +227,9 @@ def ensure_infra_images(names: tuple[str, ...] = tuple(IMAGES), *, rebuild: bool
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuaas.devstack.infra_images", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuaas.devstack.infra_images", description=(__doc__ or "").split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build (or reuse) the images; print each one's size")
     build.add_argument("--rebuild", action="store_true", help="ignore the caches: mmdebstrap and podman build again")

@@ -36,6 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuaas.devstack.infra import free_port, stop_process, wait_port
 
@@ -397,7 +398,7 @@ async def create_acls(
             request = CreateAclsRequest(
                 ACL_RESOURCES[resource], name, _PATTERN[pattern], principal, "*", ACL_OPERATIONS[operation], _ALLOW
             )
-            response = await admin._send_request(request)
+            response: Any = await admin._send_request(request)  # a CreateAclsResponse (aiokafka types a Response)
             for result in response.creation_responses:
                 if result[0]:
                     raise for_code(result[0])(f"ACL {principal} {operation} {resource} {name}: {result[1]}")
@@ -478,7 +479,9 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuaas.devstack.kafka", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuaas.devstack.kafka", description=(__doc__ or "").splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("start", help="start a broker in the background; prints its bootstrap address")
     p.add_argument("--dir", required=True)

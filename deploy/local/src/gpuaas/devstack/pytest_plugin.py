@@ -28,7 +28,7 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +53,7 @@ MODULE_TOKEN_MIN_VALID_S = 600.0
 REQUEST_TOKEN_MIN_VALID_S = 60.0
 
 
-def run_stack(request: pytest.FixtureRequest, prefix: str, **overrides: Any) -> Iterator[Stack]:
+def run_stack(request: pytest.FixtureRequest, prefix: str, **overrides: Any) -> Generator[Stack, None, None]:
     """Start a Stack on free ports in a fresh directory (see `temp_root`) for a session fixture; stop it
     after. Its directory (logs, data) is removed unless a test failed or GPUAAS_KEEP_STACK is set.
     `GPUAAS_DATABASE_URL` / `GPUAAS_KAFKA_BOOTSTRAP` / `GPUAAS_STACK_BROKER` are honoured; with
@@ -175,7 +175,7 @@ class AdminAuth(httpx.Auth):
     def __init__(self, tokens: AdminTokens) -> None:
         self.tokens = tokens
 
-    async def async_auth_flow(self, request: httpx.Request) -> AsyncIterator[httpx.Request]:  # type: ignore[override]
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme == "Bearer" and self.tokens.issued(token):
             request.headers["Authorization"] = f"Bearer {await self.tokens.token()}"

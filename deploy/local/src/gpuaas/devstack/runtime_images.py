@@ -509,7 +509,7 @@ def publish(images: list[BuiltImage], storage: Path, registry: str) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpuaas.devstack.runtime_images", description=__doc__.split("\n")[0]
+        prog="python -m gpuaas.devstack.runtime_images", description=(__doc__ or "").split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command")
     build = sub.add_parser("build", help="build (or reuse) the runtime images; print what was done")

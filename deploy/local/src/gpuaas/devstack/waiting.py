@@ -21,7 +21,7 @@ DEFAULT_INTERVAL_S = 0.1
 async def _call(fn: Callable[[], T | Awaitable[T]]) -> T:
     value = fn()
     if inspect.isawaitable(value):
-        return await value  # type: ignore[no-any-return]
+        return await value
     return value
 
 

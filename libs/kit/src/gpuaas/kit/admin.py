@@ -104,13 +104,15 @@ async def retry_dead_letter(request: Request, dead_letter_id: uuid.UUID, princip
                 kit.event_verifier.verify(row.topic, json.loads(row.payload))
             except SignatureError as exc:
                 raise Unprocessable(str(exc), code="dead_letter_signature_invalid") from exc
-        handlers = kit.subscriptions.handlers.get(event.type, []) if event else []
-        error = None
-        try:
-            async with session.begin_nested():
-                await run_handlers(session, event, handlers)
-        except Exception as exc:  # report, keep parked
-            error = f"{type(exc).__name__}: {exc}"
+        error: str | None = None
+        if event is None:  # a type this version does not know (or a topic it does not read): it stays parked
+            error = f"the stored event's type is unknown to this version of {kit.settings.service_name}"
+        else:
+            try:
+                async with session.begin_nested():
+                    await run_handlers(session, event, kit.subscriptions.handlers.get(event.type, []))
+            except Exception as exc:  # report, keep parked
+                error = f"{type(exc).__name__}: {exc}"
         values: dict[str, Any] = {"attempts": row.attempts + 1, "updated_at": func.now()}
         values.update({"error": error[:4000]} if error else {"status": "resolved"})
         await session.execute(update(dead_letters).where(dead_letters.c.id == dead_letter_id).values(**values))

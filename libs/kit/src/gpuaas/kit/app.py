@@ -4,10 +4,12 @@ The lifespan owns the runtime (engine, producer, relay, consumer, JWKS cache); n
 import time, so tests create apps with their own settings.
 """
 
+# aiokafka ships no type information (no stubs to find); what this module exports is annotated.
+# pyright: reportMissingTypeStubs=false
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +42,7 @@ from gpuaas.kit.settings import ServiceSettings
 from gpuaas.kit.subscriptions import Subscriptions
 
 log = get_logger(__name__)
-Hook = Callable[["KitRuntime"], Awaitable[None]]
+Hook = Callable[["KitRuntime"], Coroutine[Any, Any, None]]
 StateT = TypeVar("StateT")
 SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
 
@@ -103,8 +105,8 @@ class KitRuntime:
             raise RuntimeError(f"{self.spec.name}: runtime state is {type(self.state).__name__}, not {cls.__name__}")
         return self.state
 
-    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
         self.tasks.append(task)
         return task
 
@@ -128,7 +130,7 @@ def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
         subs = iam.subscriptions.merge(revocation.subscriptions, subs)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
         configure_logging(spec.name, settings.log_level, settings.log_json)
         # Refuse to start without the keys this service needs (a clear message, before anything else runs).
         keyring = Keyring.parse(settings.secrets_keys.get_secret_value()) if spec.secrets_at_rest else None
@@ -286,7 +288,9 @@ async def _shutdown(kit: KitRuntime) -> None:
     if kit.relay:
         kit.relay.stop()
     # Give the loops a moment to leave cleanly (consumer.stop() must run), then cancel the rest.
-    _, pending = await asyncio.wait(kit.tasks, timeout=12) if kit.tasks else (set(), set())
+    pending: set[asyncio.Task[Any]] = set()
+    if kit.tasks:
+        _, pending = await asyncio.wait(kit.tasks, timeout=12)
     for task in pending:
         task.cancel()
     for task in pending:

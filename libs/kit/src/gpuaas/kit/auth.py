@@ -11,13 +11,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import httpx
 from fastapi import Depends
 from joserfc import jws, jwt
 from joserfc.errors import JoseError
-from joserfc.jwk import KeySet
+from joserfc.jwk import KeySet, KeySetSerialization
 from starlette.requests import HTTPConnection
 
 from gpuaas.contracts import Actor, ActorKind
@@ -85,7 +85,7 @@ class JWKSCache:
         return self._keys
 
     def set(self, keys: dict[str, Any]) -> None:
-        self._keys = KeySet.import_key_set(keys)
+        self._keys = KeySet.import_key_set(cast(KeySetSerialization, keys))  # validated by import_key_set
         self._fetched_at = self._clock()
 
     async def _refresh(self) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy import JSON, Table, TextClause, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncSession
 
-_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
+_DIALECT = postgresql.dialect()
 
 
 def _is_json(table: Table, column: str) -> bool:

@@ -14,6 +14,10 @@ Exactly-once effects on an at-least-once broker:
   claim a genuine event's id).
 """
 
+# aiokafka and asyncpg ship no type information, so what this module gets back from them is unknown to the
+# checker: it does not report those unknowns here (what the module itself exports is annotated).
+# pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false
+# pyright: reportUnknownVariableType=false, reportUnknownArgumentType=false
 from __future__ import annotations
 
 import asyncio
@@ -41,6 +45,8 @@ log = get_logger(__name__)
 
 
 T = TypeVar("T")
+# A record as the broker hands it over: raw key and value bytes (either may be absent).
+Record = ConsumerRecord[bytes | None, bytes | None]
 
 
 async def bounded(aw: Awaitable[T], timeout_s: float) -> T:
@@ -315,7 +321,7 @@ class EventConsumer:
                 total += lag
         return total
 
-    async def apply(self, records: Sequence[ConsumerRecord]) -> None:
+    async def apply(self, records: Sequence[Record]) -> None:
         """Apply a batch in one transaction.
 
         Fast path: one bulk inbox claim for the batch, then every handler inside a single savepoint.
@@ -323,13 +329,15 @@ class EventConsumer:
         one savepoint each, retried and parked as needed (the slow path isolates the poisoned event).
         """
         async with self.sessions() as session, session.begin():
-            pending: list[tuple[ConsumerRecord, Event, Sequence[Handler]]] = []
+            pending: list[tuple[Record, Event, Sequence[Handler]]] = []
             seen: set[uuid.UUID] = set()
             for record in records:
                 topic = TOPICS.get(self.logical(record.topic))
                 try:
                     if topic is None:
                         raise ValueError(f"unknown topic {record.topic}")
+                    if record.value is None:
+                        raise ValueError("a message without a value")
                     event = topic.parse(record.value)
                 except Exception as exc:  # parsing has no effects: whatever it raises (ValidationError, a
                     # RecursionError for deep nesting, ...) parks this one record instead of failing the batch
@@ -406,7 +414,7 @@ class EventConsumer:
             i = j
 
     async def _apply_isolated(
-        self, session: AsyncSession, record: ConsumerRecord, event: Event, handlers: Sequence[Handler]
+        self, session: AsyncSession, record: Record, event: Event, handlers: Sequence[Handler]
     ) -> None:
         error = ""
         for attempt in range(1, self.max_attempts + 1):
@@ -423,7 +431,7 @@ class EventConsumer:
     async def _park(
         self,
         session: AsyncSession,
-        record: ConsumerRecord,
+        record: Record,
         event_id: uuid.UUID | None,
         event_type: str | None,
         error: str,
@@ -448,7 +456,7 @@ class EventConsumer:
         log.error("event_dead_lettered", topic=self.logical(record.topic), offset=record.offset, error=error[:500])
 
 
-async def run_handlers(session: AsyncSession, event: Event, handlers: Sequence) -> None:
+async def run_handlers(session: AsyncSession, event: Event, handlers: Sequence[Handler]) -> None:
     with context.bound(correlation=event.correlation_id, causation=event.id, event_type=event.type):
         for handler in handlers:
             await handler(session, event)

@@ -7,7 +7,7 @@ events inherit them), the audit emitter and the JSON logger.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -22,7 +22,9 @@ def new_correlation_id() -> str:
 
 
 @contextmanager
-def bound(*, correlation: str | None, causation: uuid.UUID | None = None, **log_fields: object) -> Iterator[None]:
+def bound(
+    *, correlation: str | None, causation: uuid.UUID | None = None, **log_fields: object
+) -> Generator[None, None, None]:
     """Bind correlation/causation for the duration of a request or handled event."""
     t1 = correlation_id.set(correlation)
     t2 = causation_id.set(causation)

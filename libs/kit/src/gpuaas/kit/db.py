@@ -6,11 +6,11 @@ and the service's role owns nothing else, so a query can never reach another ser
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import MetaData
+from sqlalchemy import CursorResult, MetaData, Result
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Session
 
@@ -67,7 +67,13 @@ def session_factory(engine: AsyncEngine, *, info: dict[str, Any] | None = None) 
 
 
 @asynccontextmanager
-async def unit_of_work(factory: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
+async def unit_of_work(factory: async_sessionmaker[AsyncSession]) -> AsyncGenerator[AsyncSession, None]:
     """One transaction: state change + outbox rows commit together, or nothing does."""
     async with factory() as session, session.begin():
         yield session
+
+
+def rows_affected(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE touched: `session.execute` is typed as returning a plain Result, but
+    for a DML statement it is a CursorResult, which counts them."""
+    return cast(CursorResult[Any], result).rowcount

@@ -226,7 +226,7 @@ async def _authorize_service_account(
         raise Forbidden("this service account is disabled or unknown", code="service_account_disabled")
     if project_id is None or project_id != sa.project_id:
         raise NotFound("not found", code="not_found")
-    granted = set().union(*(SCOPE_ACTIONS.get(s, frozenset()) for s in sa.scopes if s in principal.scopes))
+    granted = set[str]().union(*(SCOPE_ACTIONS.get(s, frozenset()) for s in sa.scopes if s in principal.scopes))
     if action not in granted:
         raise Forbidden(f"the service account's scopes do not allow {action}", code="insufficient_scope")
 
@@ -259,7 +259,7 @@ def require(action: str) -> Callable[[Request], Coroutine[Any, Any, Principal]]:
             await authorize(session, principal, action, tenant_id=tenant_id, project_id=project_id)
         return principal
 
-    dependency.__gpuaas_action__ = action  # type: ignore[attr-defined]  # read by `route_actions`
+    dependency.__dict__["__gpuaas_action__"] = action  # read by `route_actions`
     return dependency
 
 
@@ -354,7 +354,9 @@ async def _user(session: AsyncSession, e: ev.UserCreated) -> None:
 
 
 @subscriptions.on(ev.MembershipGranted, ev.MembershipChanged, ev.MembershipRevoked)
-async def _membership(session: AsyncSession, e: ev.MembershipGranted) -> None:
+async def _membership(
+    session: AsyncSession, e: ev.MembershipGranted | ev.MembershipChanged | ev.MembershipRevoked
+) -> None:
     d = e.data
     values = d.model_dump()
     values["scope"], values["role"] = str(d.scope), str(d.role)
@@ -363,7 +365,9 @@ async def _membership(session: AsyncSession, e: ev.MembershipGranted) -> None:
 
 
 @subscriptions.on(ev.ServiceAccountCreated, ev.ServiceAccountUpdated, ev.ServiceAccountDisabled)
-async def _service_account(session: AsyncSession, e: ev.ServiceAccountCreated) -> None:
+async def _service_account(
+    session: AsyncSession, e: ev.ServiceAccountCreated | ev.ServiceAccountUpdated | ev.ServiceAccountDisabled
+) -> None:
     values = e.data.model_dump()
     values["disabled"] = e.data.disabled or e.type == "service_account.disabled"
     await _upsert(session, iam_service_accounts, "service_account_id", values, e)

@@ -10,6 +10,8 @@ Every aiokafka client the kit builds (the producer, the consumers, the topic adm
 `GPUAAS_KAFKA_SSL_*` settings. With the default PLAINTEXT it is empty, so the clients are built as before.
 """
 
+# aiokafka ships no type information (no stubs to find); what this module exports is annotated.
+# pyright: reportMissingTypeStubs=false
 from __future__ import annotations
 
 import asyncio

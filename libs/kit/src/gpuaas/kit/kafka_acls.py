@@ -60,7 +60,7 @@ def writers(topic: str) -> list[str]:
 
 
 def commands(prefix: str = "", user_prefix: str = "gpuaas-", bootstrap: str = "$BOOTSTRAP") -> list[str]:
-    out = []
+    out: list[str] = []
     for service in SERVICES:
         for g in service_grants(service, prefix):
             kind = "--topic" if g.resource == "topic" else "--group"
@@ -73,7 +73,7 @@ def commands(prefix: str = "", user_prefix: str = "gpuaas-", bootstrap: str = "$
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--prefix", default="", help="kafka.topicPrefix of the deployment")
     parser.add_argument("--user-prefix", default="gpuaas-", help="SASL user of a service: <user-prefix><service>")
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
@@ -15,14 +16,10 @@ def _stderr_logger(*_args: object) -> structlog.PrintLogger:
     return structlog.PrintLogger(sys.stderr)
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    @property  # type: ignore[override]
-    def stream(self):  # type: ignore[no-untyped-def]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value: object) -> None:
-        pass
+class _StderrHandler(logging.StreamHandler[TextIO]):
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr  # the current one (under the handler's lock), not the one at configure time
+        super().emit(record)
 
 
 def configure_logging(service: str, level: str = "INFO", json: bool = True) -> None:
@@ -34,7 +31,9 @@ def configure_logging(service: str, level: str = "INFO", json: bool = True) -> N
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+        ),
         logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar, cast
 from urllib.parse import urlencode
 
 from fastapi import Query, Request, Response
@@ -72,18 +72,25 @@ def encode_cursor(*values: Any) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+def _not_text(v: object) -> NoReturn:
+    raise ValueError(f"expected text, got {type(v).__name__}")
+
+
 def decode_cursor(cursor: str, types: Sequence[type]) -> tuple[Any, ...]:
     """The cursor's values, converted to `types` (datetime, uuid.UUID, int, str); 400 if it is not one."""
     try:
-        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if not isinstance(values, list) or len(values) != len(types):
+        decoded: object = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not isinstance(decoded, list):
+            raise ValueError("not a list")
+        values = cast(list[object], decoded)
+        if len(values) != len(types):
             raise ValueError("wrong arity")
         out: list[Any] = []
         for v, t in zip(values, types, strict=True):
             if t is datetime:
-                out.append(datetime.fromisoformat(v))
+                out.append(datetime.fromisoformat(v) if isinstance(v, str) else _not_text(v))
             elif t is uuid.UUID:
-                out.append(uuid.UUID(v))
+                out.append(uuid.UUID(v) if isinstance(v, str) else _not_text(v))
             elif (t is int and isinstance(v, int) and not isinstance(v, bool)) or (t is str and isinstance(v, str)):
                 out.append(v)
             else:

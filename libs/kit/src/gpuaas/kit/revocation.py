@@ -28,7 +28,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -37,6 +37,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import delete, event, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
 
 from gpuaas.contracts.events import identity as ev
 from gpuaas.kit.errors import Forbidden, NotFound, Problem, Unauthorized, problem_body
@@ -118,7 +119,7 @@ class DenyList:
         self.not_before = {k: v for k, v in self.not_before.items() if v >= horizon}
 
     @contextmanager
-    def watching(self, keys: Iterable[uuid.UUID | None]) -> Iterator[asyncio.Event]:
+    def watching(self, keys: Iterable[uuid.UUID | None]) -> Generator[asyncio.Event, None, None]:
         """An event set whenever a change names one of `keys` (a user, session, project, tenant)."""
         flag = asyncio.Event()
         wanted = {k for k in keys if k is not None}
@@ -229,7 +230,11 @@ async def record(session: AsyncSession, changes: list[Change]) -> None:
         await session.execute(stmt)
     deny = session.info.get(INFO_KEY)
     if isinstance(deny, DenyList) and changes:
-        event.listen(session.sync_session, "after_commit", lambda _s: deny.apply(changes), once=True)
+
+        def apply_after_commit(_session: Session) -> None:
+            deny.apply(changes)
+
+        event.listen(session.sync_session, "after_commit", apply_after_commit, once=True)
 
 
 @subscriptions.on(

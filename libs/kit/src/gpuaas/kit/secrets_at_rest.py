@@ -25,7 +25,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -118,7 +118,10 @@ def is_sealed(value: object) -> bool:
 
 
 def is_sealed_json(value: object) -> bool:
-    return isinstance(value, dict) and set(value) == {"sealed"} and is_sealed(value["sealed"])
+    if not isinstance(value, dict):
+        return False
+    fields = cast(dict[str, object], value)
+    return set(fields) == {"sealed"} and is_sealed(fields["sealed"])
 
 
 def keyring_of(session: AsyncSession) -> Keyring:

@@ -30,56 +30,60 @@ class ServiceSettings(BaseSettings):
     db_schema: str = ""
     db_pool_size: int = 10
 
-    kafka_bootstrap: str = Field("127.0.0.1:9092", validation_alias=_shared("kafka_bootstrap"))
-    kafka_session_timeout_ms: int = Field(6000, validation_alias=_shared("kafka_session_timeout_ms"))
-    kafka_heartbeat_interval_ms: int = Field(1000, validation_alias=_shared("kafka_heartbeat_interval_ms"))
+    kafka_bootstrap: str = Field(default="127.0.0.1:9092", validation_alias=_shared("kafka_bootstrap"))
+    kafka_session_timeout_ms: int = Field(default=6000, validation_alias=_shared("kafka_session_timeout_ms"))
+    kafka_heartbeat_interval_ms: int = Field(default=1000, validation_alias=_shared("kafka_heartbeat_interval_ms"))
     # Namespace on a shared cluster: prefixed to every topic and consumer group on the wire (the outbox and
     # the contracts keep the logical names), so two deployments never read each other's events.
     kafka_topic_prefix: str = Field(
-        "", pattern=r"^[A-Za-z0-9._-]{0,100}$", validation_alias=_shared("kafka_topic_prefix")
+        default="", pattern=r"^[A-Za-z0-9._-]{0,100}$", validation_alias=_shared("kafka_topic_prefix")
     )
     # Enforced on the producer side: Tansu does not enforce a maximum message size.
     kafka_max_message_bytes: int = 1_000_000
     # How every Kafka client of the service (producer, consumers, topic admin) connects: PLAINTEXT, SSL (TLS),
     # SASL_PLAINTEXT or SASL_SSL (SASL over TLS).
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", validation_alias=_shared("kafka_security_protocol")
+        default="PLAINTEXT", validation_alias=_shared("kafka_security_protocol")
     )
     # SASL mechanism with a SASL_* protocol: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
-        "PLAIN", validation_alias=_shared("kafka_sasl_mechanism")
+        default="PLAIN", validation_alias=_shared("kafka_sasl_mechanism")
     )
     # SASL user name (required with a SASL_* protocol).
-    kafka_sasl_username: str = Field("", validation_alias=_shared("kafka_sasl_username"))
+    kafka_sasl_username: str = Field(default="", validation_alias=_shared("kafka_sasl_username"))
     # SASL password (required with a SASL_* protocol).
-    kafka_sasl_password: SecretStr = Field(SecretStr(""), validation_alias=_shared("kafka_sasl_password"))
+    kafka_sasl_password: SecretStr = Field(default=SecretStr(""), validation_alias=_shared("kafka_sasl_password"))
     # CA bundle (PEM file) the broker's certificate is verified against with SSL/SASL_SSL; empty: the system CAs.
-    kafka_ssl_cafile: str = Field("", validation_alias=_shared("kafka_ssl_cafile"))
+    kafka_ssl_cafile: str = Field(default="", validation_alias=_shared("kafka_ssl_cafile"))
     # Client certificate (PEM file) for mutual TLS; empty: none.
-    kafka_ssl_certfile: str = Field("", validation_alias=_shared("kafka_ssl_certfile"))
+    kafka_ssl_certfile: str = Field(default="", validation_alias=_shared("kafka_ssl_certfile"))
     # Private key (PEM file) of the client certificate.
-    kafka_ssl_keyfile: str = Field("", validation_alias=_shared("kafka_ssl_keyfile"))
+    kafka_ssl_keyfile: str = Field(default="", validation_alias=_shared("kafka_ssl_keyfile"))
     # Replication factor of the topics the services create when missing (3 on a production cluster).
-    kafka_topic_replication_factor: int = Field(1, ge=1, validation_alias=_shared("kafka_topic_replication_factor"))
+    kafka_topic_replication_factor: int = Field(
+        default=1, ge=1, validation_alias=_shared("kafka_topic_replication_factor")
+    )
     # `min.insync.replicas` of the topics the services create (2 with replication factor 3); 0: the broker's default.
-    kafka_topic_min_insync_replicas: int = Field(0, ge=0, validation_alias=_shared("kafka_topic_min_insync_replicas"))
+    kafka_topic_min_insync_replicas: int = Field(
+        default=0, ge=0, validation_alias=_shared("kafka_topic_min_insync_replicas")
+    )
 
-    jwks_url: str = Field("http://127.0.0.1:8001/.well-known/jwks.json", validation_alias=_shared("jwks_url"))
-    jwt_issuer: str = Field("http://127.0.0.1:8000/api/identity", validation_alias=_shared("jwt_issuer"))
-    jwt_audience: str = Field("gpuaas", validation_alias=_shared("jwt_audience"))
+    jwks_url: str = Field(default="http://127.0.0.1:8001/.well-known/jwks.json", validation_alias=_shared("jwks_url"))
+    jwt_issuer: str = Field(default="http://127.0.0.1:8000/api/identity", validation_alias=_shared("jwt_issuer"))
+    jwt_audience: str = Field(default="gpuaas", validation_alias=_shared("jwt_audience"))
     # Revocation (gpuaas.kit.revocation): how often each replica reads the deny-list rows other replicas wrote.
-    revocation_poll_interval_s: float = Field(0.5, gt=0, validation_alias=_shared("revocation_poll_interval_s"))
+    revocation_poll_interval_s: float = Field(default=0.5, gt=0, validation_alias=_shared("revocation_poll_interval_s"))
     # How long a deny-list row is kept: must exceed the longest access-token lifetime (identity's default 900 s).
-    revocation_retention_s: float = Field(86400.0, gt=0, validation_alias=_shared("revocation_retention_s"))
+    revocation_retention_s: float = Field(default=86400.0, gt=0, validation_alias=_shared("revocation_retention_s"))
 
     # Secrets at rest (gpuaas.kit.secrets_at_rest): `kid:base64(32 bytes)[,...]`, the first key seals. No
     # default: a service that stores secrets refuses to start without it (the local stack generates one).
-    secrets_keys: SecretStr = Field(SecretStr(""), validation_alias=_shared("secrets_keys"))
+    secrets_keys: SecretStr = Field(default=SecretStr(""), validation_alias=_shared("secrets_keys"))
     # This service's Ed25519 key for the envelopes its relay publishes (base64 seed; gpuaas.kit.event_signing).
     event_signing_key: SecretStr = SecretStr("")
     # Public keys of the producing services whose signed topics this service consumes:
     # `service:base64(public key)[,...]` (several per service while one rotates).
-    event_verify_keys: str = Field("", validation_alias=_shared("event_verify_keys"))
+    event_verify_keys: str = Field(default="", validation_alias=_shared("event_verify_keys"))
 
     outbox_batch_size: int = 500
     outbox_poll_interval_s: float = 1.0
@@ -96,8 +100,9 @@ class ServiceSettings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool = True
 
+    # The database schema; shadows pydantic v1's deprecated `schema()` classmethod, which nothing here calls.
     @property
-    def schema(self) -> str:
+    def schema(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]
         return self.db_schema or self.service_name
 
     @model_validator(mode="after")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -66,37 +66,41 @@ async def service_app(spec: ServiceSpec, admin_url: str, bootstrap: str, **overr
     partitions; it reads the identity topic from the start like a new deployment would.
     """
     schema, url = await new_service_db(admin_url, spec.name, spec)
-    settings = spec.settings_cls(
-        database_url=url,
-        db_schema=schema,
-        kafka_bootstrap=bootstrap,
-        consumer_group=schema,
-        jwt_issuer="http://test-issuer/api/identity",
-        kafka_session_timeout_ms=6000,
-        outbox_poll_interval_s=0.5,
-        log_json=False,
-        **{**key_settings(spec.name), **overrides},
-    )
-    return create_app(settings, spec)
+    # Raw values, validated (and coerced: a URL into SecretStr) by the settings model.
+    values: dict[str, Any] = {
+        "database_url": url,
+        "db_schema": schema,
+        "kafka_bootstrap": bootstrap,
+        "consumer_group": schema,
+        "jwt_issuer": "http://test-issuer/api/identity",
+        "kafka_session_timeout_ms": 6000,
+        "outbox_poll_interval_s": 0.5,
+        "log_json": False,
+        **key_settings(spec.name),
+        **overrides,
+    }
+    return create_app(spec.settings_cls(**values), spec)
 
 
 def settings_for(name: str, url: str, bootstrap: str, **overrides: Any) -> ServiceSettings:
-    return ServiceSettings(
-        service_name=name,
-        database_url=url,
-        kafka_bootstrap=bootstrap,
-        jwt_issuer="http://test-issuer/api/identity",
-        kafka_session_timeout_ms=6000,
-        outbox_poll_interval_s=0.5,
-        log_json=False,
-        **{**key_settings(name), **overrides},
-    )
+    values: dict[str, Any] = {
+        "service_name": name,
+        "database_url": url,
+        "kafka_bootstrap": bootstrap,
+        "jwt_issuer": "http://test-issuer/api/identity",
+        "kafka_session_timeout_ms": 6000,
+        "outbox_poll_interval_s": 0.5,
+        "log_json": False,
+        **key_settings(name),
+        **overrides,
+    }
+    return ServiceSettings(**values)
 
 
 @asynccontextmanager
 async def running(
     app: FastAPI, *, jwks: dict[str, Any] | None = None, wait_consumer: bool = True
-) -> AsyncIterator[tuple[httpx.AsyncClient, KitRuntime]]:
+) -> AsyncGenerator[tuple[httpx.AsyncClient, KitRuntime], None]:
     async with app.router.lifespan_context(app):
         kit: KitRuntime = app.state.kit
         if jwks is not None:

@@ -12,6 +12,10 @@ event's correlation bound. It writes no inbox row: an event applied here and als
 again by the consumer, which every handler tolerates (state events are versioned, records keyed).
 """
 
+# aiokafka and asyncpg ship no type information, so what this module gets back from them is unknown to the
+# checker: it does not report those unknowns here (what the module itself exports is annotated).
+# pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false
+# pyright: reportUnknownVariableType=false, reportUnknownArgumentType=false
 from __future__ import annotations
 
 import uuid

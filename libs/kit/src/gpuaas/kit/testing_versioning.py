@@ -37,7 +37,7 @@ def if_match(version: int | str) -> dict[str, str]:
 
 def assert_problem(r: httpx.Response, status: int, code: str, label: object = None) -> None:
     """`r` is an RFC 9457 problem with this status and stable code."""
-    body = r.json() if r.headers.get("content-type", "").endswith("json") else {}
+    body: dict[str, Any] = r.json() if r.headers.get("content-type", "").endswith("json") else {}
     assert (r.status_code, body.get("code")) == (status, code), (label, r.status_code, r.text)
     assert r.headers["content-type"].startswith("application/problem+json"), (label, r.headers["content-type"])
 

@@ -443,7 +443,7 @@ class OperationKind(StrEnum):
     add = "add"
     drain = "drain"
     remove = "remove"
-    replace = "replace"
+    replace = "replace"  # pyright: ignore[reportAssignmentType]  # shadows the str method
     recover = "recover"
 
 

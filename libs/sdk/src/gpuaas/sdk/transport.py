@@ -38,7 +38,7 @@ class Transport:
         transport: httpx.AsyncBaseTransport | None = None,
         prefix: str = APP_RUNTIME,
     ) -> None:
-        self.token = token
+        self.token: str | None = token
         self.token_provider = token_provider
         self.ar = prefix  # where the app-runtime API lives ("/api/app-runtime" through the gateway)
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport)

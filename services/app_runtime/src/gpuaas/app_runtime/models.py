@@ -3,6 +3,8 @@ allocations and catalog (fed by their events; never read from their services).""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -31,7 +33,7 @@ def _ts(name: str, nullable: bool = False) -> Column:
     return Column(name, DateTime(timezone=True), nullable=nullable, server_default=None if nullable else func.now())
 
 
-def _uuid(name: str, *args: object, nullable: bool = False, **kw: object) -> Column:
+def _uuid(name: str, *args: Any, nullable: bool = False, **kw: Any) -> Column:
     return Column(name, UUID(as_uuid=True), *args, nullable=nullable, **kw)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.sql.schema import SchemaItem
 
 config = context.config
 schema: str = config.attributes["schema"]
@@ -13,13 +15,13 @@ url: str = config.attributes["url"]
 target_metadata = config.attributes.get("metadata")
 
 
-def _include(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]
+def _include(obj: SchemaItem, name: str | None, type_: str, reflected: bool, compare_to: SchemaItem | None) -> bool:
     # Autogenerate compares only the tables of the metadata in hand: the kit's tables and the
     # alembic version table live in the same schema but belong to another branch.
     return not (type_ == "table" and reflected and compare_to is None)
 
 
-def _run(connection) -> None:  # type: ignore[no-untyped-def]
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -28,7 +28,7 @@ def _type_of(prop: dict[str, Any]) -> Any:
         return Literal[tuple(prop["enum"])]
     kind = prop.get("type", "string")
     if isinstance(kind, list):  # ["string", "null"]
-        kinds = [k for k in kind if k != "null"]
+        kinds = [str(k) for k in cast(list[object], kind) if k != "null"]
         base = _type_of({**prop, "type": kinds[0] if kinds else "string"})
         return base | None if "null" in kind else base
     if kind == "array":
@@ -47,10 +47,11 @@ def config_model(schema: dict[str, Any] | None, name: str = "Config") -> type[Co
     schema = schema or {}
     required = set(schema.get("required", []))
     fields: dict[str, Any] = {}
-    for prop_name, prop in (schema.get("properties") or {}).items():
+    properties: dict[str, dict[str, Any]] = schema.get("properties") or {}
+    for prop_name, prop in properties.items():
         typ = _type_of(prop)
-        extra = {"description": prop["description"]} if "description" in prop else {}
-        alias = {"alias": prop_name} if _field_name(prop_name) != prop_name else {}
+        extra: dict[str, Any] = {"description": prop["description"]} if "description" in prop else {}
+        alias: dict[str, Any] = {"alias": prop_name} if _field_name(prop_name) != prop_name else {}
         if prop_name in required:
             fields[_field_name(prop_name)] = (typ, Field(..., **extra, **alias))
         else:

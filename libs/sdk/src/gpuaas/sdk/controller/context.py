@@ -79,7 +79,7 @@ class OperationContext(_InstanceScoped):
     client: Client
     claim: Claim
     app_slug: str
-    controller: Controller = field(default=None, repr=False)  # type: ignore[assignment]
+    controller: Controller = field(repr=False)
     attempt: int = 0  # how many times this claim's handler ran before (TemporaryError retries)
     member_detail: dict[str, Any] = field(default_factory=dict)  # sent with `complete` → the member's `detail`
     _credential: CredentialSecret | None = field(default=None, repr=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +54,7 @@ class ExecResult:
 
 async def endpoint_of(client: Client, allocation_id: Id) -> Endpoint:
     alloc = await client.request("GET", f"/api/allocations/allocations/{allocation_id}")
-    ep = alloc.get("ssh_endpoint") or {}
+    ep: dict[str, Any] = alloc.get("ssh_endpoint") or {}
     if not ep.get("host"):
         raise AccessNotReady(f"allocation {allocation_id} has no SSH endpoint yet (status {alloc.get('status')})")
     return Endpoint(ep["host"], int(ep["port"]), ep["username"])
@@ -64,8 +64,9 @@ async def member_address(client: Client, allocation_id: Id) -> str:
     """Where the other members reach daemons in this allocation: its address on the project network (container
     hosts give each allocation its own network namespace), else its SSH endpoint's host (process hosts)."""
     alloc = await client.request("GET", f"/api/allocations/allocations/{allocation_id}")
-    net = alloc.get("network") or {}
-    return str(net.get("address") or (alloc.get("ssh_endpoint") or {}).get("host") or "")
+    net: dict[str, Any] = alloc.get("network") or {}
+    ssh: dict[str, Any] = alloc.get("ssh_endpoint") or {}
+    return str(net.get("address") or ssh.get("host") or "")
 
 
 @asynccontextmanager
@@ -76,7 +77,7 @@ async def connect(
     wait_s: float = 120.0,
     backoff: Backoff = Backoff(base_s=0.5, cap_s=5.0),
     on_wait: Callable[[str], Awaitable[None]] | None = None,
-) -> AsyncIterator[asyncssh.SSHClientConnection]:
+) -> AsyncGenerator[asyncssh.SSHClientConnection, None]:
     """An SSH connection to `endpoint` with `private_key`, retried while the key is refused or the endpoint
     is unreachable (bounded by `wait_s`). `on_wait(message)` is called now and then while waiting (e.g.
     `ctx.progress`, which also keeps the lease)."""
@@ -164,7 +165,7 @@ class MemberShell:
         return self._key
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[asyncssh.SSHClientConnection]:
+    async def session(self) -> AsyncGenerator[asyncssh.SSHClientConnection, None]:
         endpoint = await endpoint_of(self.client, self.allocation_id)
         async with connect(endpoint, await self._private_key(), wait_s=self.wait_s, on_wait=self.on_wait) as conn:
             yield conn

@@ -45,7 +45,7 @@ def on(kind: str, *, role: str | None = None) -> Callable[[F], F]:
 
     def mark(fn: F) -> F:
         marks = getattr(fn, "__gpuaas_on__", [])
-        fn.__gpuaas_on__ = [*marks, (kind, role)]  # type: ignore[attr-defined]
+        fn.__dict__["__gpuaas_on__"] = [*marks, (kind, role)]
         return fn
 
     return mark
@@ -56,7 +56,7 @@ class Controller:
 
     config_schema: ClassVar[dict[str, Any] | None] = None  # the manifest's `inputs`
     Config: ClassVar[type[BaseModel] | None] = None  # or a hand-written model (wins over config_schema)
-    reconcile_every_s: ClassVar[float] = 30.0  # the timer per live instance
+    reconcile_every_s: float = 30.0  # the timer per live instance (a class default; an instance may set its own)
     _routes: ClassVar[dict[tuple[str, str | None], str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -74,10 +74,10 @@ class Controller:
         for k in (kind, *(("add",) if kind in ADD_LIKE else ())):
             for key in ((k, role), (k, None)):
                 if key in self._routes:
-                    return getattr(self, self._routes[key])  # type: ignore[no-any-return]
+                    return getattr(self, self._routes[key])
             plain = getattr(type(self), k, None)
             if plain is not None and plain is not getattr(Controller, k, None):
-                return getattr(self, k)  # type: ignore[no-any-return]
+                return getattr(self, k)
         return None
 
     def config_of(self, raw: dict[str, Any]) -> BaseModel:
@@ -88,7 +88,7 @@ class Controller:
         """`reconcile(self, client, instance)`: the signature before ReconcileContext (still supported)."""
         return len(inspect.signature(self.reconcile).parameters) == 2
 
-    async def reconcile(self, ctx: ReconcileContext) -> None:  # type: ignore[override]
+    async def reconcile(self, ctx: ReconcileContext) -> None:
         """Called per live instance on its timer (`reconcile_every_s`) and when it changes (a new version,
         an operation finished). Raise `TemporaryError(delay=)` to be called again sooner. Default: nothing."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -137,7 +137,7 @@ class Harness:
     @contextlib.asynccontextmanager
     async def running(
         self, controller: Controller, team: Team, app_slug: str, **loop_kw: Any
-    ) -> AsyncIterator[ReconcileLoop]:
+    ) -> AsyncGenerator[ReconcileLoop, None]:
         """The controller's loop in this process, as the team's service account; stopped (gracefully) on exit,
         and whatever it raised is raised here."""
         loop_kw = {"lease_s": 15, "poll_interval_s": 0.3, "watch_every_s": 0.5} | loop_kw

@@ -23,7 +23,8 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import httpx
 
@@ -68,7 +69,7 @@ class ReconcileLoop:
         self.reconcile_every_s = reconcile_every_s or controller.reconcile_every_s
         self.max_temporary_retries = max_temporary_retries
         self.backoff = backoff or Backoff()
-        self.queue = WorkQueue(backoff=self.backoff, qps=qps)
+        self.queue: WorkQueue[uuid.UUID] = WorkQueue(backoff=self.backoff, qps=qps)
         self.metrics = metrics or ControllerMetrics()
         self._stop = asyncio.Event()
         self._seen: dict[uuid.UUID, int] = {}  # instance → the version last queued for
@@ -281,7 +282,7 @@ class ReconcileLoop:
         while True:
             iid = await self.queue.get()
             try:
-                await self.reconcile_instance(iid)  # type: ignore[arg-type]
+                await self.reconcile_instance(iid)
             finally:
                 self.queue.done(iid)
 
@@ -294,7 +295,9 @@ class ReconcileLoop:
             async with self._lock(instance_id):
                 inst = await self.client.instance(instance_id) if reason == "operation" else inst
                 if self.controller.legacy_reconcile():
-                    await self.controller.reconcile(self.client, inst)  # type: ignore[call-arg,arg-type]
+                    # `reconcile(self, client, instance)`, the signature legacy_reconcile() just found
+                    legacy = cast(Callable[[Client, Instance], Awaitable[None]], self.controller.reconcile)
+                    await legacy(self.client, inst)
                 else:
                     await self.controller.reconcile(ReconcileContext(self.client, self.controller, inst, reason))
         except TemporaryError as exc:

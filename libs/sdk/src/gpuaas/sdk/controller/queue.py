@@ -10,6 +10,9 @@ import heapq
 import random
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -26,15 +29,17 @@ class Backoff:
         return d * (1 + random.uniform(-self.jitter, self.jitter))
 
 
-class WorkQueue:
+class WorkQueue(Generic[K]):
+    """Keys of one type `K` (the reconcile loop queues instance ids)."""
+
     def __init__(self, *, backoff: Backoff | None = None, qps: float = 10.0) -> None:
         self.backoff = backoff or Backoff()
         self.min_interval_s = 1.0 / qps if qps > 0 else 0.0
-        self._due: list[tuple[float, int, Hashable]] = []  # heap of (when, seq, key)
-        self._when: dict[Hashable, float] = {}  # the earliest time each queued key is due
-        self._processing: set[Hashable] = set()
-        self._again: set[Hashable] = set()  # added while processing
-        self._failures: dict[Hashable, int] = {}
+        self._due: list[tuple[float, int, K]] = []  # heap of (when, seq, key)
+        self._when: dict[K, float] = {}  # the earliest time each queued key is due
+        self._processing: set[K] = set()
+        self._again: set[K] = set()  # added while processing
+        self._failures: dict[K, int] = {}
         self._seq = 0
         self._last_out = 0.0
         self._changed = asyncio.Event()
@@ -45,10 +50,10 @@ class WorkQueue:
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
-    def add(self, key: Hashable) -> None:
+    def add(self, key: K) -> None:
         self.add_after(key, 0.0)
 
-    def add_after(self, key: Hashable, delay_s: float) -> None:
+    def add_after(self, key: K, delay_s: float) -> None:
         """Queue `key` to be due in `delay_s` (an earlier due time wins over a later one)."""
         if key in self._processing and delay_s <= 0:
             self._again.add(key)
@@ -61,7 +66,7 @@ class WorkQueue:
         heapq.heappush(self._due, (when, self._seq, key))
         self._changed.set()
 
-    def add_rate_limited(self, key: Hashable) -> float:
+    def add_rate_limited(self, key: K) -> float:
         """Requeue after a failure, with back-off growing per consecutive failure of this key."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
@@ -69,14 +74,14 @@ class WorkQueue:
         self.add_after(key, delay)
         return delay
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: K) -> None:
         """The key succeeded: its back-off starts again from the base."""
         self._failures.pop(key, None)
 
-    def failures(self, key: Hashable) -> int:
+    def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
 
-    async def get(self) -> Hashable:
+    async def get(self) -> K:
         """The next due key (waits for one); call `done(key)` after processing it."""
         while True:
             now = self._now()
@@ -99,7 +104,7 @@ class WorkQueue:
             except TimeoutError:
                 pass
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: K) -> None:
         self._processing.discard(key)
         if key in self._again:
             self._again.discard(key)

@@ -25,7 +25,9 @@ from gpuaas.contracts.events.app_runtime import (
 from gpuaas.contracts.scalars import Integer, Name, Text
 
 SLUG = r"^[a-z0-9][a-z0-9-]*$"
-PRECONDITION = {412: {"description": "`version_mismatch`: If-Match names a version the resource has moved on from"}}
+PRECONDITION: dict[int | str, dict[str, Any]] = {
+    412: {"description": "`version_mismatch`: If-Match names a version the resource has moved on from"}
+}
 JsonObject = dict[str, Any]
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, Table, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -37,12 +37,15 @@ from gpuaas.contracts.enums import InstanceStatus
 from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.contracts.events.app_runtime import (
     AccessGrantState,
+    DecommissionReport,
+    InstanceHealth,
     InstanceState,
     MemberOperationState,
     MemberState,
     MemberStatus,
     OperationKind,
     OperationStatus,
+    PlacementIntent,
 )
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
@@ -259,14 +262,14 @@ async def instance_state(session: AsyncSession, inst: InstanceView) -> InstanceS
         app_version=inst.app_version,
         manifest_id=inst.manifest_id,
         artifact_digest=inst.artifact_digest,
-        status=inst.status,
+        status=InstanceStatus(inst.status),
         status_changed_at=inst.status_changed_at,
-        placement_intent=inst.placement_intent,
+        placement_intent=PlacementIntent.model_validate(inst.placement_intent),
         config=inst.config,
         runtime_detail=inst.runtime_detail or {},
-        health=inst.health or {},
+        health=InstanceHealth.model_validate(inst.health or {}),
         failure_reason=inst.failure_reason,
-        decommission=inst.decommission,
+        decommission=DecommissionReport.model_validate(inst.decommission) if inst.decommission else None,
         version=inst.version,
         desired_manifest_id=inst.desired_manifest_id,
         desired_app_version=inst.desired_app_version,
@@ -284,13 +287,13 @@ def operation_state(op: OperationView) -> MemberOperationState:
     return MemberOperationState.model_validate(op, from_attributes=True)
 
 
-def grant_state(cred: CredentialView, status: str = "requested") -> AccessGrantState:
+def grant_state(cred: CredentialView, status: Literal["requested", "revoked"] = "requested") -> AccessGrantState:
     return AccessGrantState(
         access_grant_id=cred.credential_id,
         instance_id=cred.instance_id,
         tenant_id=cred.tenant_id,
         project_id=cred.project_id,
-        allocation_ids=cred.allocation_ids,
+        allocation_ids=[uuid.UUID(a) for a in cred.allocation_ids],
         public_key=cred.public_key,
         fingerprint=cred.fingerprint,
         status=status,

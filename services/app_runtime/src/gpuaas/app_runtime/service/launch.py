@@ -234,7 +234,9 @@ async def workload_upstream(
     if not launch:
         raise NotFound("this instance has no browser workload", code="workload_not_found")
     if inst.status != InstanceStatus.running or not endpoint or not endpoint.get("healthy"):
-        raise Conflict(f"the app is {inst.status}, not running yet", code="workload_not_ready", status=str(inst.status))
+        raise Conflict(
+            f"the app is {inst.status}, not running yet", code="workload_not_ready", instance_status=str(inst.status)
+        )
     workload = launch["workload"]
     if audit:
         await audit_on(session, principal, OPEN_ACTION, inst, after={"path": workload["base_path"]})

@@ -15,7 +15,7 @@ from gpuaas.billing.service.periods import parse_period
 from gpuaas.billing.service.views import BreakdownRow, Charge, Costs, CurrencyTotal, ProjectCost
 from gpuaas.kit import iam, paging
 from gpuaas.kit.auth import Principal
-from gpuaas.kit.errors import Unprocessable
+from gpuaas.kit.errors import NotFound, Unprocessable
 
 
 async def cost_scope(
@@ -33,7 +33,10 @@ async def cost_scope(
     start = parse_period(period)
     await iam.authorize(session, principal, "billing.read", tenant_id=tenant_id, project_id=project_id)
     if tenant_id is None:  # asked by project (authorized above, so it exists and has a tenant)
-        tenant_id = await iam.project_tenant(session, project_id)  # type: ignore[arg-type]
+        assert project_id is not None  # one of the two is given (checked above)
+        tenant_id = await iam.project_tenant(session, project_id)
+        if tenant_id is None:  # archived since it was authorized
+            raise NotFound("project not found", code="not_found")
     return tenant_id, start
 
 

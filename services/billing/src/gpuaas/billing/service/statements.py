@@ -37,14 +37,14 @@ async def close_statement(
     await session.execute(
         pg_insert(periods).values(tenant_id=tenant_id, period_start=period_start).on_conflict_do_nothing()
     )
-    period = (
+    period_row = (
         await session.execute(
             select(periods)
             .where(periods.c.tenant_id == tenant_id, periods.c.period_start == period_start)
             .with_for_update()
         )
     ).one()
-    if period.status == "closed":
+    if period_row.status == "closed":
         raise Conflict("this period's statement is already closed", code="statement_already_closed")
     closed_at = datetime.now(UTC)
     await session.execute(

@@ -40,11 +40,11 @@ def trust_problem(exc: TrustError) -> Problem:
 # ------------------------------------------------------------------------------- states and views
 
 
-def _mapping(row: Row[Any] | Mapping[str, Any]) -> Mapping[str, Any]:
+def _mapping(row: Row[Any] | Mapping[str, Any]) -> Mapping[Any, Any]:
     return row._mapping if isinstance(row, Row) else row
 
 
-def _columns(r: Mapping[str, Any], *names: str) -> dict[str, Any]:
+def _columns(r: Mapping[Any, Any], *names: str) -> dict[str, Any]:
     """The named columns as they are stored (those a state or view takes unchanged)."""
     return {name: r[name] for name in names}
 

@@ -19,6 +19,6 @@ async def readable(
     projects the caller may read (None: all of them, an operator)."""
     if project_id is not None:
         await iam.authorize(session, principal, "metering.usage.read", project_id=project_id)
-        return project_column == project_id  # type: ignore[no-any-return]
+        return project_column == project_id
     visible = await iam.visible_project_ids(session, principal)
     return None if visible is None else project_column.in_(visible)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -28,7 +29,7 @@ from gpuaas.metering.models import app_usage_records, instances
 
 HOUR = timedelta(hours=1)
 QUANTITY = Decimal("0.000001")
-METERING = Actor(kind="system", id="metering")
+METERING = Actor.system("metering")
 
 
 def key_for(window_start: datetime) -> str:
@@ -75,7 +76,7 @@ async def record_app_hours(session: AsyncSession, *, now: datetime, limit: int =
             key = key_for(window_start)
             record_id = usage_events.app_usage_record_id(inst.instance_id, key)
             quantity = (Decimal((hi - lo).total_seconds()) / Decimal(3600)).quantize(QUANTITY)
-            values = {
+            values: dict[str, Any] = {
                 "app_usage_record_id": record_id,
                 "instance_id": inst.instance_id,
                 "tenant_id": inst.tenant_id,
@@ -97,7 +98,7 @@ async def record_app_hours(session: AsyncSession, *, now: datetime, limit: int =
                 )
             ).first()
             if inserted is not None:
-                data = usage_events.AppUsageRecord(**values | {"unit": AppUsageUnit.app_hours})
+                data = usage_events.AppUsageRecord.model_validate(values | {"unit": AppUsageUnit.app_hours})
                 events.append(usage_events.AppUsageRecorded.build(data=data, source=SERVICE, actor=METERING))
         if events:
             await add_events(session, events)

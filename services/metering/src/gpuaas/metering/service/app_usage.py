@@ -134,7 +134,7 @@ async def record_app_usage(
             accepted_from=window.accepted_from.isoformat(),
             accepted_until=window.accepted_until.isoformat(),
         )
-    values = {
+    values: dict[str, Any] = {
         "app_usage_record_id": record_id,
         "instance_id": instance_id,
         "tenant_id": inst.tenant_id,
@@ -157,7 +157,7 @@ async def record_app_usage(
             await session.execute(select(app_usage_records).where(app_usage_records.c.app_usage_record_id == record_id))
         ).one()
         return _same_or_conflict(existing, unit, quantity, occurred_at, member_id)
-    data = usage_events.AppUsageRecord(**values | {"unit": unit})
+    data = usage_events.AppUsageRecord.model_validate(values | {"unit": unit})
     await add_events(session, [usage_events.AppUsageRecorded.build(data=data, source=SERVICE, actor=principal.actor)])
     usage_emitted(session, "app", 1)
     await audit.record(

@@ -76,7 +76,12 @@ class MeterUpdate:
     def state(self) -> usage_events.MeterState:
         m = self.meter
         return usage_events.MeterState(
-            **asdict(self.ident) | {"shape": CapacityShape(self.ident.shape)},
+            allocation_id=self.ident.allocation_id,
+            tenant_id=self.ident.tenant_id,
+            project_id=self.ident.project_id,
+            host_id=self.ident.host_id,
+            shape=CapacityShape(self.ident.shape),
+            gpu_model=self.ident.gpu_model,
             gpu_count=m.gpu_count,
             status="closed" if m.status is MeterStatus.closed else "open",
             opened_at=m.opened_at,
@@ -108,7 +113,7 @@ class MeterUpdate:
                 )
             )
         ).all()
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "usage_record_id": usage_events.usage_record_id(self.ident.allocation_id, w.start),
                 **ident,
@@ -133,7 +138,7 @@ class MeterUpdate:
         )
         for r in rows:
             if r["usage_record_id"] in fresh:
-                data = usage_events.UsageRecord(**r | {"shape": CapacityShape(r["shape"])})
+                data = usage_events.UsageRecord.model_validate(r | {"shape": CapacityShape(r["shape"])})
                 self.events.append(usage_events.UsageRecorded.build(data=data, source=SERVICE, actor=SYSTEM))
         self.written += len(fresh)
         usage_emitted(session, "gpu", len(fresh))
