@@ -20,7 +20,7 @@ pytestmark = needs_podman
 RUN_TASK = Path(__file__).with_name("run_task.py")
 
 
-async def kill_when(tmp: Path, host: Host, kind: str, payload: dict, ready) -> int | None:  # type: ignore[no-untyped-def]
+async def kill_when(tmp: Path, host: Host, kind: str, payload: dict, ready) -> int | None:
     """Run the task in a child agent process and SIGKILL it once `ready()` holds; its exit code."""
     settings = tmp / f"{kind}-settings.json"
     settings.write_text(host.agent.s.model_dump_json(exclude={"node_token"}))

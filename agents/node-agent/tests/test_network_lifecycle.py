@@ -165,7 +165,7 @@ async def test_agent_sigkilled_mid_release_leaves_nothing_once_restarted(
     restarted = await start_host(agent_settings(state, "container"))
     restarted.keys = host.keys
     try:
-        assert await restarted.agent.driver.networks.leftovers(net) == []  # type: ignore[attr-defined]
+        assert await restarted.agent.driver.networks.leftovers(net) == []
         assert project_dnsmasqs() == []
         # The next allocation of that project on this host comes up and is reachable.
         q = in_project(restarted.payload("oleg", [1], runtime), project)
@@ -173,7 +173,7 @@ async def test_agent_sigkilled_mid_release_leaves_nothing_once_restarted(
         assert result["network"]["name"] == net and result["network"]["address"]
         assert (await restarted.ssh("oleg", "echo up")).stdout.strip() == "up"
         await restarted.task("release", q)
-        assert await restarted.agent.driver.networks.leftovers(net) == []  # type: ignore[attr-defined]
+        assert await restarted.agent.driver.networks.leftovers(net) == []
     finally:
         await stop_host(restarted)
         for c in containers_of(restarted.agent):

@@ -164,7 +164,7 @@ async def ssh_refused(alloc: dict[str, Any], key: asyncssh.SSHKey) -> bool:
 
 
 @pytest.fixture
-async def world(infra, signer, tmp_path) -> AsyncIterator[World]:  # type: ignore[no-untyped-def]
+async def world(infra, signer, tmp_path) -> AsyncIterator[World]:
     app = await service_app(
         SPEC,
         infra.admin_url,

@@ -28,7 +28,7 @@ async def publish(bootstrap: str, *events: Event) -> None:
         await producer.stop()
 
 
-async def test_access_grant_and_release_clearance(world: World, infra) -> None:  # type: ignore[no-untyped-def]
+async def test_access_grant_and_release_clearance(world: World, infra) -> None:
     w = world
     await wait_for(lambda: w.kit.consumer is not None and w.kit.consumer.assigned, 60, "consumer assignment")
     await w.host_with_agent("gpu-1", "8xH100-80GB")

@@ -81,7 +81,7 @@ def test_released_and_failed_are_final_and_hold_no_capacity() -> None:
 def host(
     name: str,
     gpus: dict[str, list[int]] | None = None,
-    used: set[int] = frozenset(),  # type: ignore[assignment]
+    used: set[int] = frozenset(),
     status: str = "ready",
     host_class: str | None = None,
 ) -> HostCapacity:

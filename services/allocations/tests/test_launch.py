@@ -67,7 +67,7 @@ def created(w: World, catalog: Catalog, key: str, gpu_model: str) -> ar.Instance
 
 async def test_launch_creates_the_allocation_and_records_the_workload_endpoint(
     world: World, infra, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     monkeypatch.setenv(workload_tokens.ENV, KEY)
     w = world
     await wait_for(lambda: w.kit.consumer is not None and w.kit.consumer.assigned, 60, "consumer assignment")

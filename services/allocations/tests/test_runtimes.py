@@ -92,7 +92,7 @@ async def container_host(w: World, name: str, host_class: str | None = None, **r
     return agent
 
 
-async def test_runtime_resolution_each_form_and_refusals(world: World, infra) -> None:  # type: ignore[no-untyped-def]
+async def test_runtime_resolution_each_form_and_refusals(world: World, infra) -> None:
     w = world
     await wait_for(lambda: w.kit.consumer is not None and w.kit.consumer.assigned, 60, "consumer assignment")
     catalog = Catalog()
@@ -180,7 +180,7 @@ async def test_runtime_resolution_each_form_and_refusals(world: World, infra) ->
         await agent.aclose()
 
 
-async def test_class_default_runtime_and_limits_in_payloads(world: World, infra) -> None:  # type: ignore[no-untyped-def]
+async def test_class_default_runtime_and_limits_in_payloads(world: World, infra) -> None:
     w = world
     await wait_for(lambda: w.kit.consumer is not None and w.kit.consumer.assigned, 60, "consumer assignment")
     catalog = Catalog()
@@ -247,7 +247,7 @@ async def test_class_default_runtime_and_limits_in_payloads(world: World, infra)
         await plain.aclose()
 
 
-async def test_process_host_runs_no_runtime_and_takes_no_runtime_request(world: World, infra) -> None:  # type: ignore[no-untyped-def]
+async def test_process_host_runs_no_runtime_and_takes_no_runtime_request(world: World, infra) -> None:
     w = world
     await wait_for(lambda: w.kit.consumer is not None and w.kit.consumer.assigned, 60, "consumer assignment")
     catalog = Catalog()

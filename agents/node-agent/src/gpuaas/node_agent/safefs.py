@@ -30,14 +30,11 @@ def path_parts(relative: str | Path) -> list[str]:
     return parts
 
 
-_parts = path_parts  # the name the drivers used before it was public
-
-
 def open_dir(base: Path, relative: str | Path = "", *, create: bool = False, mode: int = 0o755) -> int:
     """An fd of base/relative reached without following any link below `base` (which the agent owns)."""
     fd = os.open(base, DIR_FLAGS)
     try:
-        for part in _parts(relative):
+        for part in path_parts(relative):
             if create:
                 try:
                     os.mkdir(part, mode, dir_fd=fd)
@@ -57,7 +54,7 @@ def open_dir(base: Path, relative: str | Path = "", *, create: bool = False, mod
 
 def write_file(base: Path, relative: str | Path, data: bytes, mode: int = 0o644) -> None:
     """Replace base/relative with `data` (write-and-rename inside the directory; no link is followed)."""
-    parts = _parts(relative)
+    parts = path_parts(relative)
     dfd = open_dir(base, Path(*parts[:-1]) if len(parts) > 1 else "")
     try:
         tmp = f".{parts[-1]}.gpuaas-tmp"
@@ -89,7 +86,7 @@ def chown_tree(base: Path, relative: str | Path, uid: int, gid: int) -> None:
 
 def make_link(base: Path, relative: str | Path, target: Path) -> Path:
     """A symlink at base/relative pointing to `target` (parents created without following links)."""
-    parts = _parts(relative)
+    parts = path_parts(relative)
     dfd = open_dir(base, Path(*parts[:-1]) if len(parts) > 1 else "", create=True)
     try:
         try:
@@ -107,7 +104,7 @@ def make_link(base: Path, relative: str | Path, target: Path) -> Path:
 
 
 def remove_link(base: Path, relative: str | Path) -> None:
-    parts = _parts(relative)
+    parts = path_parts(relative)
     try:
         dfd = open_dir(base, Path(*parts[:-1]) if len(parts) > 1 else "")
     except (UnsafePath, FileNotFoundError):

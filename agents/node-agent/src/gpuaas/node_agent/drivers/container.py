@@ -28,14 +28,14 @@ import os
 import re
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 from gpuaas.node_agent import cdi, safefs, workload
 from gpuaas.node_agent.drivers.base import Driver, DriverError, SessionCommand
 from gpuaas.node_agent.firewall import EgressPolicy
-from gpuaas.node_agent.podman import Podman, PodmanError
+from gpuaas.node_agent.podman import ContainerInfo, Podman, PodmanError
 from gpuaas.node_agent.project_network import NetworkError, ProjectNetworks, network_name
 from gpuaas.node_agent.workspace import Workspace
 
@@ -89,7 +89,7 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _cgroups(pid: int) -> list[str]:
-    out = []
+    out: list[str] = []
     try:
         for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
@@ -175,7 +175,7 @@ class ContainerDriver(Driver):
             "--volume",
             f"{self._sudo_file()}:{SUDO}:ro",
         ]
-        limits = meta.get("limits") or {}
+        limits: dict[str, Any] = meta.get("limits") or {}  # AllocationLimits, as the task gave it
         args += ["--pids-limit", str(int(limits.get("pids") or 4096))]
         if limits.get("cpus"):
             args += ["--cpus", f"{float(limits['cpus']):g}"]
@@ -183,7 +183,7 @@ class ContainerDriver(Driver):
             mem = f"{int(limits['memory_mb'])}m"
             args += ["--memory", mem, "--memory-swap", mem]
         for v in ws.volumes:
-            target = "/" + "/".join(safefs._parts(v["mount_path"]))
+            target = "/" + "/".join(safefs.path_parts(v["mount_path"]))
             if target in ("/", f"/home/{user}") or target.startswith(("/proc", "/sys", "/dev")):
                 raise DriverError(f"volume mount path {v['mount_path']!r} is not allowed")
             args += ["--volume", f"{self.workspaces.volume_dir(v['volume_id'])}:{target}:rw,nosuid,nodev"]
@@ -247,7 +247,7 @@ class ContainerDriver(Driver):
         return path
 
     @contextlib.asynccontextmanager
-    async def _network(self, network: str | None) -> AsyncIterator[None]:
+    async def _network(self, network: str | None) -> AsyncGenerator[None, None]:
         """The project's network exists (contained: firewall.py) while a container is attached to it."""
         if network is None:
             yield
@@ -280,7 +280,7 @@ class ContainerDriver(Driver):
         address = await self.networks.address(container_name(ws.allocation_id), network)
         return {"name": network, "address": address, "hostname": self.hostname(ws), "scope": "host"}
 
-    async def _wait_user(self, ws: Workspace, info: dict[str, Any], timeout_s: float = 60) -> None:
+    async def _wait_user(self, ws: Workspace, info: ContainerInfo, timeout_s: float = 60) -> None:
         """Until gpuaas-init has finished: its last step writes /etc/sudoers.d/gpuaas-<user>, seen in the
         container's root filesystem from the host (lexists: nothing there is followed). Without a rootfs path
         (another storage driver) the agent runs gpuaas-init itself."""
@@ -318,16 +318,16 @@ class ContainerDriver(Driver):
         await self.podman.remove(container_name(ws.allocation_id))
         await self._drop_network(network_name(ws.meta.get("project_id")) if ws.root.exists() else None)
         if ws.root.exists():
-            anchors = dict(ws.meta.get("anchors") or {})
+            anchors: dict[str, Any] = dict(ws.meta.get("anchors") or {})
             if existed or not anchors.get("removed_at"):
                 anchors["removed_at"] = _ticks_now()
             ws.write_meta(anchors=anchors)
 
-    def _record_anchors(self, ws: Workspace, info: dict[str, Any]) -> None:
+    def _record_anchors(self, ws: Workspace, info: ContainerInfo) -> None:
         """What release verifies against, read from the host side only (pid, namespace, cgroups, mounts)."""
         pid = int(info.get("State", {}).get("Pid") or 0)
         graph = info.get("GraphDriver", {}).get("Data", {}) or {}
-        anchors = dict(ws.meta.get("anchors") or {})
+        anchors: dict[str, Any] = dict(ws.meta.get("anchors") or {})
         anchors.pop("removed_at", None)
         anchors.update(
             container_id=info.get("Id"),
@@ -349,7 +349,7 @@ class ContainerDriver(Driver):
                 if "already in use" not in str(exc):
                     raise
         info = await self.podman.inspect(name)
-        current = (info or {}).get("Config", {}).get("Labels", {}).get("gpuaas.spec")
+        current = ((info or {}).get("Config", {}).get("Labels") or {}).get("gpuaas.spec")
         if info is None or current != spec_hash:
             if info is not None:
                 await self._remove(ws, existed=True)
@@ -414,7 +414,7 @@ class ContainerDriver(Driver):
             await self._remove(ws, existed=info is not None)
         except PodmanError as exc:
             raise DriverError(f"container {name} could not be removed: {exc}") from exc
-        anchors = ws.meta.get("anchors") or {}
+        anchors: dict[str, Any] = ws.meta.get("anchors") or {}
         await asyncio.to_thread(self.workspaces.remove, ws)
         evidence = await asyncio.to_thread(self._verify, name, anchors, ws)
         evidence["container_removed"] = not await self.podman.exists(name)
@@ -460,7 +460,8 @@ class ContainerDriver(Driver):
         else:
             checked.append("pid namespace: never recorded (the container never started)")
         cgroup_empty = True
-        for cg in anchors.get("cgroups") or []:
+        cgroups: list[str] = anchors.get("cgroups") or []  # recorded at start (_record_anchors)
+        for cg in cgroups:
             path = Path(cg)
             try:
                 left = (path / "cgroup.procs").read_text().split()
@@ -488,7 +489,7 @@ class ContainerDriver(Driver):
 
     async def reconcile(self) -> dict[str, Any]:
         report: dict[str, Any] = {"driver": self.name, "removed": [], "recreated": [], "failed": []}
-        seen = set()
+        seen: set[str] = set()
         for c in await self.podman.containers(f"gpuaas.agent={self.agent_id}"):
             alloc = (c.get("Labels") or {}).get("gpuaas.allocation", "")
             name = (c.get("Names") or [""])[0]

@@ -112,7 +112,7 @@ class ProcessDriver(Driver):
         return survivors
 
     async def reconcile(self) -> dict[str, Any]:
-        removed = []
+        removed: list[dict[str, str]] = []
         if self.cgroups is not None:
             for cg in [d for d in self.cgroups.iterdir() if d.is_dir()]:
                 ws = self.workspaces.get(cg.name)
@@ -142,7 +142,7 @@ class ProcessDriver(Driver):
         return f"CUDA_VISIBLE_DEVICES={ws.cuda_visible_devices()} for new sessions"
 
     async def release(self, ws: Workspace) -> dict[str, Any]:
-        checked = []
+        checked: list[str] = []
         survivors = await self._kill(ws)
         cg = self.cgroup(ws)
         if cg is not None:

@@ -71,7 +71,7 @@ def alloc_state(row: Any) -> AllocationState:
     )
 
 
-class _Row(dict):  # type: ignore[type-arg]
+class _Row(dict):
     """A row with the allocation's attached volume ids added (events carry them)."""
 
     __getattr__ = dict.__getitem__
