@@ -188,10 +188,18 @@ def test_local_agents_serve_hosts_with_declared_gpus(stack: Stack, root: Path) -
         data={"grant_type": "password", "username": email, "password": password},
     )
     headers = {"Authorization": f"Bearer {r.json()['access_token']}"}
-    hosts = {
-        h["name"]: h
-        for h in httpx.get(f"{stack.gateway_url}/api/allocations/hosts", headers=headers, timeout=30).json()
-    }
+    # The stack is ready when its services are; each agent then reconciles its host (project networks,
+    # firewall chains) before it registers, which on a loaded machine can take a while: wait, bounded.
+    deadline = time.monotonic() + 120
+    while True:
+        hosts = {
+            h["name"]: h
+            for h in httpx.get(f"{stack.gateway_url}/api/allocations/hosts", headers=headers, timeout=30).json()
+        }
+        statuses = {name: hosts[name]["status"] for name in ("local-h100", "local-a100") if name in hosts}
+        if (set(statuses.values()) == {"ready"} and len(statuses) == 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert hosts["local-h100"]["status"] == "ready"
     assert [g["model"] for g in hosts["local-h100"]["gpus"]] == ["H100-80GB"] * 8
     assert hosts["local-a100"]["status"] == "ready"

@@ -34,6 +34,7 @@ from sse_starlette.sse import EventSourceResponse
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from gpuaas.contracts.events.allocations import WorkloadSpec
 from gpuaas.kit import workload_tokens
 
 from .conftest import Stack, plain_config
@@ -75,14 +76,21 @@ def workload() -> Iterator[Workload]:
     from gpuaas.node_agent import workload as agent_workload
 
     iid = uuid.uuid4()
-    spec = {"command": COMMAND, "port": 8888, "base_path": f"/apps/{iid}/", "auth_env": "JUPYTER_TOKEN"}
+    spec = WorkloadSpec(
+        instance_id=iid,
+        command=COMMAND,
+        port=8888,
+        base_path=f"/apps/{iid}/",
+        auth_env="JUPYTER_TOKEN",
+        health_path="/api/status",
+    )
     secret = workload_tokens.derive(KEY.encode(), iid)
     name = f"c1b-jupyter-{iid.hex[:8]}"
     args = agent_workload.container_args(spec, secret, "127.0.0.1", "c1b")
     _podman("run", "-d", "--rm", "--name", name, *args, IMAGE, *agent_workload.command(spec, "c1b", 1000))
     try:
         port = int(_podman("port", name, "8888/tcp").stdout.strip().rsplit(":", 1)[1])
-        url = agent_workload.health_url({**spec, "health_path": "/api/status"}, "127.0.0.1", port)
+        url = agent_workload.health_url(spec, "127.0.0.1", port)
         headers = agent_workload.auth_headers(spec, secret)
         deadline = time.monotonic() + 120
         while True:
