@@ -66,14 +66,16 @@ keycloak: install
 ## test-kafka: the same suites on Apache Kafka: integration tests against a fresh broker started here
 ##             (GPUAAS_KAFKA_BOOTSTRAP), then bad input and fault injection on stacks that each run their
 ##             own Apache Kafka (GPUAAS_STACK_BROKER=kafka: broker stop/start keeps the log); the e2e suite runs
-##             on Apache Kafka in `make test-containers`
+##             on Apache Kafka in `make test-containers`; the node agent's network churn and containment tests
+##             use no broker and run once, in `make test`
 test-kafka: kafka-jars
 	@set -euo pipefail; \
 	$(KAFKA_CLI) stop --dir $(KAFKA_TEST_DIR) --remove; \
 	bootstrap=$$($(KAFKA_CLI) start --dir $(KAFKA_TEST_DIR) --fresh); \
 	trap '$(KAFKA_CLI) stop --dir $(KAFKA_TEST_DIR) --remove' EXIT; \
 	echo "integration suites on Apache Kafka at $$bootstrap"; \
-	GPUAAS_KAFKA_BOOTSTRAP=$$bootstrap $(PYTEST) libs services agents
+	GPUAAS_KAFKA_BOOTSTRAP=$$bootstrap $(PYTEST) libs services agents \
+		--ignore=agents/node-agent/tests/test_network_lifecycle.py --ignore=agents/node-agent/tests/test_containment.py
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/badinput
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/faults
 
