@@ -38,9 +38,10 @@ migrate: install
 ##       process); the fault-injection tests run in `make test-faults` / `make test-kafka`, the compose
 ##       deployment's in `make deploy-test` (tests/deploy)
 ##       TEST_ARGS adds pytest arguments: CI passes --ignore=tests/e2e and runs the e2e suite once, in
-##       `make test-containers` (on Apache Kafka)
+##       `make test-containers` (on Apache Kafka). One pytest process per group of folders
+##       (scripts/pytest_groups.py); a path in TEST_ARGS runs just that, in one process
 test: install
-	$(UV_RUN) pytest -q -p no:cacheprovider --ignore=tests/faults --ignore=tests/deploy $(TEST_ARGS)
+	$(UV_RUN) python scripts/pytest_groups.py --ignore=tests/faults --ignore=tests/deploy $(TEST_ARGS)
 
 ## test-unit: the fast lane (under 2 minutes): every test that starts no Postgres, broker, podman, network namespace or
 ##            browser. A test's lane follows from its fixtures (conftest.py: SERVER_FIXTURES marks it integration/e2e);
