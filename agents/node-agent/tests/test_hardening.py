@@ -86,3 +86,15 @@ async def test_provision_and_release_do_not_follow_links_in_home(process_host: H
     await h.task("release", p)
     assert (outside / "keep").read_text() == "keep"
     assert (h.agent.workspaces.volumes_root / vol).is_dir()  # a volume's data outlives the release
+
+
+def test_hostnames_differ_for_allocations_created_in_the_same_instant(tmp_path: Path) -> None:
+    """Issue 33: ids are time-ordered, so a hostname from their head was shared by a minute's allocations."""
+    from gpuaas.contracts.envelope import new_event_id
+    from gpuaas.node_agent.drivers.container import ContainerDriver
+    from gpuaas.node_agent.workspace import Workspace
+
+    ids = [str(new_event_id()) for _ in range(200)]
+    assert len({i[:8] for i in ids}) < 200  # the old scheme's input: heads collide within one instant
+    names = {ContainerDriver.hostname(Workspace(i, tmp_path / i)) for i in ids}
+    assert len(names) == 200 and all(len(n) <= 63 for n in names)  # unique and a valid DNS label

@@ -91,7 +91,7 @@ async def test_project_members_reach_each_other_and_nothing_else(
     assert r_a1["network"]["name"] == r_a2["network"]["name"] == net_p != r_b1["network"]["name"] == net_q
     addr = {k: r["network"]["address"] for k, r in (("a1", r_a1), ("a2", r_a2), ("b1", r_b1))}
     assert len(set(addr.values())) == 3 and all(addr.values()), addr
-    assert r_a1["network"]["hostname"] == f"gpuaas-{a1['allocation_id'][:8]}"
+    assert r_a1["network"]["hostname"] == f"gpuaas-{uuid.UUID(a1['allocation_id']).hex[-12:]}"
     assert (await h1.ssh("anna", "hostname")).stdout.strip() == r_a1["network"]["hostname"]
     assert (await h1.ssh("anna", "echo $GPUAAS_ALLOCATION_ID")).stdout.strip() == a1["allocation_id"]
 

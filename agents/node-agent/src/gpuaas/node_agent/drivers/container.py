@@ -28,6 +28,7 @@ import os
 import re
 import signal
 import time
+import uuid
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -270,7 +271,9 @@ class ContainerDriver(Driver):
 
     @staticmethod
     def hostname(ws: Workspace) -> str:
-        return f"gpuaas-{ws.allocation_id[:8]}"
+        # The id's random tail, not its head: ids are time-ordered (UUIDv7), so allocations created within a
+        # minute share their first 8 hex digits (issue 33: four members of one project were all gpuaas-01a21c68).
+        return f"gpuaas-{uuid.UUID(ws.allocation_id).hex[-12:]}"
 
     async def network_info(self, ws: Workspace) -> dict[str, Any] | None:
         """Where the allocation's project members reach it: {name, address, hostname, scope}."""
