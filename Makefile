@@ -67,7 +67,7 @@ keycloak: install
 ## test-kafka: the same suites on Apache Kafka: integration tests against a fresh broker started here
 ##             (GPUAAS_KAFKA_BOOTSTRAP), then bad input and fault injection on stacks that each run their
 ##             own Apache Kafka (GPUAAS_STACK_BROKER=kafka: broker stop/start keeps the log); the e2e suite runs
-##             on Apache Kafka in `make test-containers`; the node agent's network churn and containment tests
+##             on Apache Kafka in `make test-containers`; the node agent's network churn, containment and overlay tests
 ##             use no broker and run once, in `make test`
 test-kafka: kafka-jars
 	@set -euo pipefail; \
@@ -75,8 +75,9 @@ test-kafka: kafka-jars
 	bootstrap=$$($(KAFKA_CLI) start --dir $(KAFKA_TEST_DIR) --fresh); \
 	trap '$(KAFKA_CLI) stop --dir $(KAFKA_TEST_DIR) --remove' EXIT; \
 	echo "integration suites on Apache Kafka at $$bootstrap"; \
-	GPUAAS_KAFKA_BOOTSTRAP=$$bootstrap $(PYTEST) libs services agents \
-		--ignore=agents/node-agent/tests/test_network_lifecycle.py --ignore=agents/node-agent/tests/test_containment.py
+	GPUAAS_KAFKA_BOOTSTRAP=$$bootstrap $(UV_RUN) python scripts/pytest_groups.py --group=libs --group=services \
+		--group=agents --ignore=agents/node-agent/tests/test_network_lifecycle.py \
+		--ignore=agents/node-agent/tests/test_containment.py --ignore=agents/node-agent/tests/test_overlay.py
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/badinput
 	GPUAAS_STACK_BROKER=kafka $(PYTEST) tests/faults
 
@@ -189,7 +190,7 @@ chart-check: ensure-uv $(HELM)
 
 ## bench: every benchmark, one after the other (each prints its figures and writes bench/results/<name>.json;
 ##        see bench/README.md): event pipeline, FastStream consumer, metering, allocations, gateway vs nginx, load
-BENCHES := event_pipeline faststream_consumer metering allocations gateway load revocation
+BENCHES := event_pipeline faststream_consumer metering allocations gateway load revocation capacity overlay
 bench: install
 	@set -e; for b in $(BENCHES); do echo "== bench/$$b.py"; $(UV_RUN) python bench/$$b.py; done
 

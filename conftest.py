@@ -39,6 +39,7 @@ SERVER_FIXTURES = {
     "deployment": "e2e",  # the compose deployment (tests/deploy)
     "registry": "integration",  # an OCI registry process (catalog trust, node-agent images)
     "container_host": "integration",  # a node agent with the podman driver
+    "fabric": "integration",  # simulated hosts as network namespaces on a test underlay (node agent overlay)
 }
 # Same-named fixtures that start nothing outside the test process: the gateway's upstreams run in-process.
 IN_PROCESS_FIXTURES = {("stack", "services/gateway/tests")}

@@ -124,7 +124,7 @@ class Load:
                 "POST",
                 f"/api/allocations/projects/{p}/allocations",
                 (201, 409),
-                json={"gpu_model": "H100-80GB", "gpu_count": 1, "host_class": "bench"},
+                json={"gpu_model": "H100-80GB", "gpu_count": 1, "host_class": "bench", "queue": False},
                 headers={"Idempotency-Key": str(uuid.uuid4())},
             )
             if r is not None and r.status_code == 409:

@@ -36,6 +36,7 @@ from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events import usage as us
 from gpuaas.contracts.registry import USAGE
 from gpuaas.devstack.stack import Stack, StackConfig
+from gpuaas.kit.event_signing import EventSigner
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -72,6 +73,7 @@ async def pipeline(stack: Stack, n: int) -> dict[str, float]:
     sent: dict[str, float] = {}
     seen: dict[str, float] = {}
     producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap, acks="all", linger_ms=2)
+    signer = EventSigner(stack.credentials.event_signing_key("metering"))  # billing takes usage only signed
     await producer.start()
     conn = await stack._connect("billing")
     done = asyncio.Event()
@@ -99,7 +101,8 @@ async def pipeline(stack: Stack, n: int) -> dict[str, float]:
             futures = []
             for e in events[start : start + 500]:
                 sent[str(e.data.usage_record_id)] = time.time()
-                futures.append(await producer.send(USAGE, e.model_dump_json().encode(), key=e.key()))
+                payload = signer.sign_payload(e.model_dump_json().encode())
+                futures.append(await producer.send(USAGE, payload, key=e.key()))
             await asyncio.gather(*futures)
         published = time.time()
         await asyncio.wait_for(done.wait(), 900)

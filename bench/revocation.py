@@ -6,7 +6,9 @@ its own process, the gateway), identity issuing 30 s access tokens (token expiry
 revocations), a real node agent with an active allocation (the terminal's SSH) and an app instance.
 
 Per trial: a fresh viewer (project_admin) signs in, opens the allocation timeline SSE, the instance events
-SSE and the terminal WebSocket, then one revocation happens: logout, DELETE /sessions/{id}, refresh-token
+SSE and the terminal WebSocket (and, for user_disabled and membership_removed, an SSH session with a grant of
+its own key: rows `ssh_session`, closed by the agent, and `ssh-login`, a new login refused; issue 28),
+then one revocation happens: logout, DELETE /sessions/{id}, refresh-token
 reuse, account disabled, membership removed, or the token's expiry. Each service is then polled every 50 ms
 with the viewer's token until it refuses (401/403/404 problem+json), and each stream until it closes. Lags
 are measured from the moment the revoking call returned (for expiry: the token's `exp`). The harness is
@@ -71,7 +73,7 @@ async def _trial(gw: httpx.AsyncClient, world: Any, how: str) -> Trial | None:
     """One trial; a setup that fails (a stream that does not open) is retried with a fresh viewer, not counted."""
     for attempt in range(3):
         try:
-            return await run_trial(gw, world, how, deadline_s=15)
+            return await run_trial(gw, world, how, deadline_s=15, ssh=True)  # SSH rows where access itself ends
         except (AssertionError, TimeoutError) as exc:
             print(f"{how}: setup failed (attempt {attempt + 1}), not counted: {exc}", flush=True)
     return None

@@ -71,8 +71,13 @@ MUST_FAIL = [
     ),
     ("a misspelt value (values.schema.json)", ["postgres.hots=db"], "additional properties 'hots' not allowed"),
     ("an unknown Kafka protocol", ["kafka.securityProtocol=TLS"], "value must be one of"),
-    ("identity events unsigned", ["eventSigning.existingSecret="], "eventSigning.existingSecret is required"),
+    ("events unsigned", ["eventSigning.existingSecret="], "eventSigning.existingSecret is required"),
     ("no public key for identity", ["eventSigning.verifyKeys="], "eventSigning.verifyKeys is required"),
+    (
+        "a producer's public key missing (its events would be refused)",
+        ["eventSigning.verifyKeys=identity:SLdokJyjaK1bWuEY050/SJOgZ8sKMKFAEQYDBFpbL5A="],
+        "eventSigning.verifyKeys has no public key of allocations",
+    ),
 ]
 
 

@@ -38,6 +38,7 @@ WANTED: dict[str, dict[str, str]] = {
         "SshGrantState": "SshGrant",
         "Volume": "Volume",
         "RuntimeOption": "RuntimeOption",
+        "CapacityQueue": "CapacityQueue",
     },
     "catalog": {"Manifest": "Manifest", "Artifact": "Artifact"},
     "app_runtime": {

@@ -10,7 +10,7 @@ corrupted interpreter state, not a test's assertion). A process per group keeps 
 A group whose interpreter is killed by a signal (segfault, abort) is run once more, and the log says so and
 keeps the first run's faulthandler dump: a test that *fails* is never rerun, and a second death fails the run.
 Arguments are passed to every group's pytest; a path argument (TEST_ARGS=services/identity) runs just that,
-in one process.
+in one process. `--group=PATHS` (repeatable; paths separated by spaces) replaces the default groups.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ VALUE_OPTIONS = frozenset({"--ignore", "--ignore-glob", "--deselect", "-k", "-m"
 def _names_a_path(args: list[str]) -> bool:
     return any(
         not arg.startswith("-") and prev not in VALUE_OPTIONS and (ROOT / arg.split("::")[0]).exists()
-        for prev, arg in zip(["", *args], args)
+        for prev, arg in zip(["", *args], args, strict=False)
     )
 
 
@@ -54,11 +54,14 @@ def _run(group: tuple[str, ...], args: list[str]) -> int:
 
 
 def main(args: list[str]) -> int:
+    chosen = tuple(tuple(a.removeprefix("--group=").split()) for a in args if a.startswith("--group="))
+    args = [a for a in args if not a.startswith("--group=")]
+    groups = chosen or GROUPS
     if _names_a_path(args):  # the caller chose what to run: one process, as plain pytest
         return _run((), args)
     failed: list[str] = []
     collected_nothing = 0
-    for group in GROUPS:
+    for group in groups:
         rc = _run(group, args)
         if rc < 0:  # killed by a signal: the interpreter died, no test's verdict was reached
             name = signal.Signals(-rc).name
@@ -68,7 +71,7 @@ def main(args: list[str]) -> int:
             collected_nothing += 1
         elif rc != 0:
             failed.append(f"{' '.join(group)} (exit {rc})")
-    if collected_nothing == len(GROUPS):
+    if collected_nothing == len(groups):
         failed.append("every group: no tests collected")
     if failed:
         print(f"== failed: {', '.join(failed)}", flush=True)

@@ -222,3 +222,22 @@ def test_create_sends_the_runtime_only_when_chosen(allocation_server: tuple[str,
         assert result.exit_code == 0, result.output
     assert [c.get("runtime") for c in created] == ["gpuaas-scipy@1.0.0", DIGEST, None]
     assert "runtime" not in created[-1]
+
+
+def test_create_sends_the_queue_choices_only_when_made(allocation_server: tuple[str, list[dict]]) -> None:
+    url, created = allocation_server
+    Config(access_token="t").save()
+    for extra in (["--no-queue", "--priority", "5", "--max-wait", "60"], []):
+        result = CliRunner().invoke(app, ["--url", url, "--project", PROJECT_ID, "alloc", "create", *extra])
+        assert result.exit_code == 0, result.output
+    assert (created[0]["queue"], created[0]["priority"], created[0]["max_wait"]) == (False, 5, 60)
+    assert not {"queue", "priority", "max_wait"} & set(created[1])  # the body older platforms accept
+
+
+def test_a_queued_allocation_shows_its_position_and_reason() -> None:
+    from gpuaas.cli.commands.allocations import status_line
+    from gpuaas.sdk.models import Allocation
+
+    queued = {**CONTAINER_ALLOCATION, "status": "queued", "pending_reason": "no_capacity", "queue_position": 3}
+    assert status_line(Allocation.model_validate(queued)) == "queued (position 3, no_capacity)"
+    assert status_line(Allocation.model_validate(CONTAINER_ALLOCATION)) == "active"

@@ -162,7 +162,7 @@ async def drained(stack: Stack, export: Export, like: bi.ChargePosted) -> None:
             for _ in partitions
         ]
         futures = [
-            await producer.send(PREFIX + BILLING, e.model_dump_json().encode(), key=e.key(), partition=p)
+            await producer.send(PREFIX + BILLING, stack.credentials.signed_payload(e), key=e.key(), partition=p)
             for e, p in zip(probes, partitions, strict=True)
         ]
         await asyncio.gather(*futures)
@@ -260,7 +260,7 @@ def same_as_statement(statement: dict[str, Any], export: dict[str, Any], lines: 
 async def test_the_export_equals_the_statement_after_a_kill_and_a_full_replay(stack, gw, exports) -> None:
     tenant, project = await tenancy(gw)
     records = usage_records(tenant, project)
-    await publish(stack, USAGE, [(e.key(), e.model_dump_json().encode()) for e in records])
+    await publish(stack, USAGE, [(e.key(), stack.credentials.signed_payload(e)) for e in records])
 
     async def charged() -> bool:
         n = await stack.fetchval("billing", "SELECT count(*) FROM charges WHERE tenant_id = $1", uuid.UUID(tenant))
@@ -310,7 +310,7 @@ async def test_the_export_equals_the_statement_after_a_kill_and_a_full_replay(st
     assert len(mine) == N
     fresh = [bi.ChargePosted.build(data=e.data, source="billing") for e in mine]
     inbox_before = await first.sql("SELECT count(*) FROM {s}.inbox")
-    await publish(stack, BILLING, [*topic, *((e.key(), e.model_dump_json().encode()) for e in fresh)])
+    await publish(stack, BILLING, [*topic, *((e.key(), stack.credentials.signed_payload(e)) for e in fresh)])
     await eventually(
         lambda: _at_least(first.sql("SELECT count(*) FROM {s}.inbox"), inbox_before + N),
         180,

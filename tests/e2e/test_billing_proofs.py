@@ -45,7 +45,9 @@ async def publish(stack: Stack, events: Sequence[Event]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap, acks="all", linger_ms=5)
     await producer.start()
     try:
-        futures = [await producer.send(topic_of(e).name, e.model_dump_json().encode(), key=e.key()) for e in events]
+        futures = [
+            await producer.send(topic_of(e).name, stack.credentials.signed_payload(e), key=e.key()) for e in events
+        ]
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -111,7 +113,7 @@ async def usage_drained(stack: Stack, tenancy: dict[str, str]) -> None:
         partitions = sorted(await producer.partitions_for(USAGE))
         probes = gpu_records(tenancy, len(partitions), model=model)
         futures = [
-            await producer.send(USAGE, e.model_dump_json().encode(), key=e.key(), partition=p)
+            await producer.send(USAGE, stack.credentials.signed_payload(e), key=e.key(), partition=p)
             for e, p in zip(probes, partitions, strict=True)
         ]
         await asyncio.gather(*futures)

@@ -154,7 +154,9 @@ async def _golden(stack: Stack, gw: httpx.AsyncClient) -> AsyncIterator[dict[str
         r = await gw.post(f"/api/allocations/projects/{project}/allocations", json={**create, "gpu_count": 2})
         assert r.status_code == 201, r.text
         alloc = r.json()
-        r = await gw.post(f"/api/allocations/projects/{project}/allocations", json={**create, "gpu_count": 3})
+        r = await gw.post(
+            f"/api/allocations/projects/{project}/allocations", json={**create, "gpu_count": 3, "queue": False}
+        )
         assert r.status_code == 409 and r.json()["code"] == "insufficient_capacity", r.text
 
         async def status_is(*wanted: str) -> bool:

@@ -220,6 +220,14 @@ async def _fresh_volume(w: World) -> dict[str, str]:
     return {"volume_id": r.json()["volume_id"]}
 
 
+async def _offered_model(w: World) -> dict[str, str]:
+    """A GPU model that a (fresh, enrolling) host offers: queue settings refuse models nobody offers."""
+    model = f"MX-{w.unique()}"
+    gpus = [{"index": 0, "model": model, "memory_mb": 1024}]
+    await w.op.post("/api/allocations/hosts", json={"name": f"mx-{w.unique()}", "gpus": gpus})
+    return {"gpu_model": model}
+
+
 ALLOC = "needs a running allocation on a registered agent's GPUs; test_allocations_gateway.py and test_golden_path.py"
 AGENT = "authenticated by the host's node token, not a user role; test_allocations_gateway.py"
 _A = "/api/allocations"
@@ -245,6 +253,20 @@ ROWS.update(
         ("GET", f"{_A}/volumes/{{volume_id}}"): Row(setup=_fresh_volume, target="project"),
         ("DELETE", f"{_A}/volumes/{{volume_id}}"): Row(setup=_fresh_volume, target="project"),
         ("PUT", f"{_A}/projects/{{project_id}}/quota"): Row(body=lambda w: {"max_gpus": 8}),
+        # capacity queues (issue 29)
+        ("PUT", f"{_A}/tenants/{{tenant_id}}/queues/{{gpu_model}}"): Row(
+            setup=_offered_model, body=lambda w: {"weight": 1.0}
+        ),
+        ("GET", f"{_A}/tenants/{{tenant_id}}/queues/{{gpu_model}}"): Row(
+            setup=lambda w: _const({"gpu_model": "H100-80GB"})
+        ),
+        ("PUT", f"{_A}/projects/{{project_id}}/queues/{{gpu_model}}"): Row(
+            setup=_offered_model, body=lambda w: {"guarantee": 0}
+        ),
+        ("GET", f"{_A}/queues"): Row(target="platform"),  # operators' view of every pool
+        ("GET", f"{_A}/projects/{{project_id}}/queues/{{gpu_model}}"): Row(
+            setup=lambda w: _const({"gpu_model": "H100-80GB"})
+        ),
         ("GET", f"{_A}/ssh-keys"): Row(expect=_self_service),  # the caller's own keys
         ("POST", f"{_A}/ssh-keys"): Row(exempt="the caller's own keys (no tenant scope); test_allocations_gateway.py"),
         ("DELETE", f"{_A}/ssh-keys/{{key_id}}"): Row(exempt="own keys only; test_allocations_gateway.py"),
@@ -433,6 +455,15 @@ PINNED: dict[tuple[str, str], tuple[str, str]] = {
     ("POST", "/api/billing/statements/close"): ("billing.statement.close", PLATFORM_ONLY),
     ("POST", "/api/billing/budgets"): ("billing.budget.manage", "2xx 2xx 403 403 403 404"),
     ("PUT", "/api/allocations/projects/{project_id}/quota"): ("allocations.quota.manage", "2xx 2xx 403 403 403 404"),
+    ("PUT", "/api/allocations/tenants/{tenant_id}/queues/{gpu_model}"): (
+        "allocations.queue.operate",
+        "2xx 403 403 403 403 404",
+    ),
+    ("PUT", "/api/allocations/projects/{project_id}/queues/{gpu_model}"): (
+        "allocations.queue.manage",
+        "2xx 2xx 403 403 403 404",
+    ),
+    ("GET", "/api/allocations/queues"): ("allocations.queue.operate", PLATFORM_ONLY),
     ("POST", "/api/identity/projects/{project_id}/service-accounts"): (
         "identity.service_account.manage",
         "2xx 2xx 2xx 403 403 404",

@@ -228,6 +228,7 @@ class Saga:
                     "gpu_count": GPUS_PER_ALLOCATION,
                     "name": f"ft-{self.cycles}-{i}",
                     "host_class": f"ft-{self.run}",
+                    "queue": False,  # refused at once when full (the capacity queue is tested on its own)
                 },
                 ok=(201, 409),
                 stats=self.retries,

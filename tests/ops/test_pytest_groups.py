@@ -67,3 +67,10 @@ def test_a_path_argument_runs_one_process(monkeypatch: pytest.MonkeyPatch) -> No
     calls.clear()
     assert module.main(["--ignore", "tests/e2e"]) == 0
     assert len(calls) == len(module.GROUPS)
+
+
+def test_explicit_groups_replace_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _runner()
+    calls = _scripted(monkeypatch, module, {"services agents": [-6, 0]})
+    assert module.main(["--group=libs", "--group=services agents", "--ignore", "x"]) == 0
+    assert calls == ["libs", "services agents", "services agents"]  # the aborted group ran once more

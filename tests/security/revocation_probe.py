@@ -42,6 +42,9 @@ STACK_ENV = {"identity": {"GPUAAS_IDENTITY_ACCESS_TOKEN_TTL_S": str(TOKEN_TTL_S)
 PASSWORD = "revocation-probe-pw-1"
 REVOCATIONS = ("logout", "session_delete", "refresh_reuse", "user_disabled", "membership_removed", "token_expiry")
 STREAMS = ("timeline_sse", "instance_sse", "terminal_ws")
+# SSH is keys, not tokens: what ends a person's SSH access is losing the access itself (issue 28), not a
+# logout. With `ssh=True` these revocations also measure the SSH session's close and a new login's refusal.
+SSH_REVOCATIONS = ("user_disabled", "membership_removed")
 POLL_S = 0.05
 
 
@@ -307,6 +310,63 @@ async def open_streams(w: World, v: Viewer) -> dict[str, StreamProbe]:
     return probes
 
 
+@dataclass
+class SshProbe:
+    """The viewer's SSH session on the allocation (a grant of their own key) and how to try a new login."""
+
+    key: Any
+    endpoint: dict[str, Any]
+    stream: StreamProbe
+
+
+async def _ssh_connect(endpoint: dict[str, Any], key: Any) -> Any:
+    import asyncssh
+
+    return await asyncssh.connect(
+        endpoint["host"],
+        endpoint["port"],
+        username=endpoint["username"],
+        client_keys=[key],
+        known_hosts=None,
+        agent_path=None,
+        config=None,
+    )
+
+
+async def open_ssh(gw: httpx.AsyncClient, w: World, v: Viewer) -> SshProbe:
+    """The viewer grants their own key SSH on the allocation (a project admin may) and opens a session."""
+    import asyncssh
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    body = {"user_id": v.user_id, "public_key": key.export_public_key().decode().strip()}
+    r = await gw.post(f"/api/allocations/allocations/{w.allocation_id}/ssh-grants", headers=v.auth, json=body)
+    assert r.status_code == 201, r.text
+    endpoint = (await gw.get(f"/api/allocations/allocations/{w.allocation_id}", headers=v.auth)).json()["ssh_endpoint"]
+
+    async def connected() -> Any:
+        try:
+            return await _ssh_connect(endpoint, key)
+        except asyncssh.PermissionDenied:
+            return None  # the grant's key sync has not reached the agent yet
+
+    conn = await eventually(connected, 30, "the grant's key on the agent", interval_s=0.1)
+    proc = await conn.create_process("sleep 600")
+    probe = StreamProbe("ssh_session")
+
+    async def watch() -> None:
+        try:
+            await proc.wait()
+            probe.how = "closed by the agent"
+        except asyncssh.Error as exc:
+            probe.how = f"closed {type(exc).__name__}"
+        finally:
+            probe.closed_at = time.monotonic()
+            conn.close()
+
+    probe.task = asyncio.create_task(watch())
+    return SshProbe(key, endpoint, probe)
+
+
 async def revoke(gw: httpx.AsyncClient, v: Viewer, how: str) -> float:
     """Perform the revocation; returns t0 (monotonic) from which lags are measured."""
     if how == "logout":
@@ -340,11 +400,14 @@ def services_t0(how: str, t0: float) -> float:
     return t0 + CLOCK_SKEW_LEEWAY_S if how == "token_expiry" else t0
 
 
-async def run_trial(gw: httpx.AsyncClient, w: World, how: str, *, deadline_s: float = 15.0) -> Trial:
+async def run_trial(gw: httpx.AsyncClient, w: World, how: str, *, deadline_s: float = 15.0, ssh: bool = False) -> Trial:
     """One viewer, its streams, one revocation; every service polled until it refuses, every stream until it
-    closes (or `deadline_s`)."""
+    closes (or `deadline_s`). With `ssh` (for SSH_REVOCATIONS) also an SSH session and a new SSH login."""
     v = await new_viewer(gw, w)
+    ssh_probe = await open_ssh(gw, w, v) if ssh and how in SSH_REVOCATIONS else None
     probes = await open_streams(w, v)
+    if ssh_probe is not None:
+        probes["ssh_session"] = ssh_probe.stream
     trial = Trial(how)
     checks = service_checks(w, include_user_level=how != "membership_removed")
     try:
@@ -364,7 +427,21 @@ async def run_trial(gw: httpx.AsyncClient, w: World, how: str, *, deadline_s: fl
                     return
                 await asyncio.sleep(POLL_S)
 
-        await asyncio.gather(*(until_refused(n, m, p) for n, (m, p) in checks.items()))
+        async def until_ssh_refused(p: SshProbe) -> None:
+            import asyncssh
+
+            while time.monotonic() - t0 < deadline_s:
+                try:
+                    (await _ssh_connect(p.endpoint, p.key)).close()
+                except asyncssh.PermissionDenied:
+                    trial.refused["ssh-login"] = (time.monotonic() - t0, 0, "permission_denied")
+                    return
+                await asyncio.sleep(POLL_S)
+
+        await asyncio.gather(
+            *(until_refused(n, m, p) for n, (m, p) in checks.items()),
+            *([until_ssh_refused(ssh_probe)] if ssh_probe else []),
+        )
         remaining = max(0.1, deadline_s - (time.monotonic() - t0))
         await asyncio.wait([p.task for p in probes.values() if p.task], timeout=remaining)
         for p in probes.values():

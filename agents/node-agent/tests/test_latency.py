@@ -27,7 +27,8 @@ async def test_create_to_ready_latency(container_host: Host, runtime: dict[str, 
         p = h.payload(f"lat{i}", [i % 4], runtime, {"cpus": 1, "memory_mb": 512, "pids": 512})
         t0 = time.monotonic()
         await h.task("provision", p)
-        assert (await h.ssh(f"lat{i}", "id -un")).stdout.strip() == f"lat{i}"
+        who = await h.ssh(f"lat{i}", "id -un")
+        assert str(who.stdout).strip() == f"lat{i}", (who.exit_status, who.exit_signal, who.stderr)
         ready.append(time.monotonic() - t0)
         t1 = time.monotonic()
         await h.task("release", p)

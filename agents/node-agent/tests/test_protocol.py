@@ -16,7 +16,7 @@ import asyncssh
 import httpx
 from agent_harness import Host
 
-from gpuaas.contracts.agent import ProvisionTask, TaskCompletion, TaskLease
+from gpuaas.contracts.agent import TASK_TYPES, ProvisionTask, TaskCompletion, TaskLease
 from gpuaas.node_agent.agent import HANDLERS
 
 SAMPLES = json.loads(
@@ -34,7 +34,7 @@ def newer(doc: Any) -> Any:
 
 
 def test_every_task_type_has_a_handler() -> None:
-    assert ProvisionTask in HANDLERS and len(HANDLERS) == 7
+    assert ProvisionTask in HANDLERS and set(HANDLERS) == set(TASK_TYPES)
 
 
 async def test_a_newer_control_planes_payload_provisions_and_releases(process_host: Host) -> None:

@@ -273,3 +273,36 @@ def test_breaking_change_inside_an_event_file_is_reported_with_its_path() -> Non
     (change,) = breaking(compare_files(files(), new))
 
     assert change.where == "events/t.v1/thing.happened.json: data.count"
+
+
+def lease(*kinds: str, release_props: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A message whose `payload` is a union discriminated on `kind` (the agent's task lease)."""
+    defs = {
+        f"{k.title()}Task": {
+            "type": "object",
+            "properties": {"kind": {"const": k, "type": "string"}, **((release_props or {}) if k == "release" else {})},
+            "required": ["kind"],
+        }
+        for k in kinds
+    }
+    payload = {
+        "discriminator": {"propertyName": "kind", "mapping": {k: f"#/$defs/{k.title()}Task" for k in kinds}},
+        "oneOf": [{"$ref": f"#/$defs/{k.title()}Task"} for k in kinds],
+    }
+    return {"type": "object", "properties": {"payload": payload}, "required": ["payload"], "$defs": defs}
+
+
+def test_a_tag_added_to_a_discriminated_union_is_compatible_and_one_removed_is_breaking() -> None:
+    before, after = lease("provision", "release"), lease("provision", "release", "notify")
+
+    added = compare_schema(before, after)
+    assert [(c.message, c.breaking) for c in added] == [("kind 'notify' added (deploy agents first)", False)]
+    assert [c.message for c in breaking(compare_schema(after, before))] == ["kind 'notify' removed"]
+
+
+def test_the_members_of_a_discriminated_union_are_still_compared() -> None:
+    before = lease("provision", "release", release_props={"n": {"type": "integer"}})
+    after = lease("provision", "release", release_props={"n": {"type": "string"}})
+
+    found = breaking(compare_schema(before, after))
+    assert found and all("payload<release>" in c.where for c in found), found

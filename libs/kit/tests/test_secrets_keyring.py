@@ -69,7 +69,7 @@ def test_signature_covers_the_canonical_envelope_and_names_the_owner() -> None:
     spoofed = json.loads(
         other.sign_payload(event.model_copy(update={"source": "allocations"}).model_dump_json().encode())
     )
-    with pytest.raises(SignatureError, match="is not 'identity'"):
+    with pytest.raises(SignatureError, match=r"source 'allocations' may not emit 'membership\.granted'"):
         verifier.verify(IDENTITY, spoofed)
     # Fields this consumer's contracts do not know are covered too (the signature is over the bytes as sent).
     extended = json.loads(signer.sign_payload(json.dumps({**unsigned, "new_field": 1}).encode()))
@@ -85,3 +85,29 @@ def test_responses_with_secrets_are_recognised() -> None:
     assert holds_secret([(b"cache-control", b"no-store")], b'{"id": 1}')
     assert not holds_secret([], b'{"id": 1, "client_secret": null}')
     assert not holds_secret([(b"content-type", b"application/json")], b'{"allocation_id": "a"}')
+
+
+def test_a_genuine_signature_of_a_service_that_may_not_emit_the_type_is_refused() -> None:
+    """The source table (gpuaas.contracts.emitters): allocations' own valid signature on an access grant of the
+    app-runtime topic is refused; app-runtime's is accepted; the key must be the named source's."""
+    from gpuaas.contracts.emitters import ACCESS_OR_MONEY, may_emit
+    from gpuaas.contracts.events import app_runtime as ar
+    from gpuaas.contracts.registry import APP_RUNTIME
+
+    seeds = {s: generate_seed() for s in ("app-runtime", "allocations")}
+    verifier = EventVerifier.parse(",".join(f"{s}:{public_of(k)}" for s, k in seeds.items()))
+    doc = {"id": "x", "type": ar.AccessGrantRequested.event_type(), "data": {}, "source": "app-runtime"}
+    genuine = json.loads(EventSigner(seeds["app-runtime"]).sign_payload(json.dumps(doc).encode()))
+    verifier.verify(APP_RUNTIME, genuine)
+    as_itself = {**doc, "source": "allocations"}
+    with pytest.raises(SignatureError, match=r"source 'allocations' may not emit 'access_grant\.requested'"):
+        verifier.verify(
+            APP_RUNTIME, json.loads(EventSigner(seeds["allocations"]).sign_payload(json.dumps(as_itself).encode()))
+        )
+    with pytest.raises(SignatureError, match="not a key of 'app-runtime'"):
+        verifier.verify(
+            APP_RUNTIME, json.loads(EventSigner(seeds["allocations"]).sign_payload(json.dumps(doc).encode()))
+        )
+    assert may_emit("app-runtime", APP_RUNTIME, "instance.created")
+    assert not may_emit("allocations", APP_RUNTIME, "instance.created")
+    assert "access_grant.requested" in ACCESS_OR_MONEY[APP_RUNTIME]

@@ -25,6 +25,7 @@ from gpuaas.kit.app import KitRuntime
 from gpuaas.kit.iam import apply_locally
 from gpuaas.kit.kafka import make_producer
 from gpuaas.kit.testing import service_app, wait_for
+from gpuaas.kit.testing_events import signed_payload
 from gpuaas.node_agent.agent import Agent
 from gpuaas.node_agent.settings import AgentSettings
 
@@ -164,17 +165,18 @@ async def ssh_refused(alloc: dict[str, Any], key: asyncssh.SSHKey) -> bool:
 
 
 @pytest.fixture
-async def world(infra, signer, tmp_path) -> AsyncIterator[World]:
-    app = await service_app(
-        SPEC,
-        infra.admin_url,
-        infra.kafka_bootstrap,
-        agent_heartbeat_interval_s=1.0,
-        agent_heartbeat_timeout_s=3.0,
-        reconcile_interval_s=0.5,
-        release_clearance_timeout_s=60.0,
-        agent_task_lease_s=10.0,
-    )
+async def world(infra, signer, tmp_path, request: pytest.FixtureRequest) -> AsyncIterator[World]:
+    settings: dict[str, Any] = {
+        "agent_heartbeat_interval_s": 1.0,
+        "agent_heartbeat_timeout_s": 3.0,
+        "reconcile_interval_s": 0.5,
+        "release_clearance_timeout_s": 60.0,
+        "agent_task_lease_s": 10.0,
+        **getattr(
+            request, "param", {}
+        ),  # a test's own settings: @pytest.mark.parametrize("world", [...], indirect=True)
+    }
+    app = await service_app(SPEC, infra.admin_url, infra.kafka_bootstrap, **settings)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -305,11 +307,12 @@ class FakeAgent:
 
 
 async def publish_events(bootstrap: str, *events: Event) -> None:
-    """Events onto their topics through the real broker (what another service's relay would send)."""
+    """Events onto their topics through the real broker, signed with their source's test key (what another
+    service's relay would send: an unsigned event is parked, never applied)."""
     producer = make_producer(bootstrap, 1_000_000)
     await producer.start()
     try:
         for e in events:
-            await producer.send_and_wait(e.topic, e.model_dump_json().encode(), key=e.key())
+            await producer.send_and_wait(e.topic, signed_payload(e), key=e.key())
     finally:
         await producer.stop()

@@ -12,6 +12,7 @@ from gpuaas.contracts import Event, new_event_id
 from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.kit.kafka import make_producer
 from gpuaas.kit.testing import wait_for
+from gpuaas.kit.testing_events import signed_payload
 
 from .conftest import World, last_seq, ssh_key, ssh_refused, ssh_run, task_done
 
@@ -23,7 +24,7 @@ async def publish(bootstrap: str, *events: Event) -> None:
     await producer.start()
     try:
         for e in events:
-            await producer.send_and_wait(e.topic, e.model_dump_json().encode(), key=e.key())
+            await producer.send_and_wait(e.topic, signed_payload(e), key=e.key())  # as its producer's relay signs
     finally:
         await producer.stop()
 
@@ -60,8 +61,8 @@ async def test_access_grant_and_release_clearance(world: World, infra) -> None:
         seen = await last_seq(c, aid)
     await publish(
         infra.kafka_bootstrap,
-        app_runtime_events.AccessGrantRequested.build(data=grant, source="app_runtime"),
-        app_runtime_events.MemberAdded.build(data=member, source="app_runtime"),
+        app_runtime_events.AccessGrantRequested.build(data=grant, source="app-runtime"),
+        app_runtime_events.MemberAdded.build(data=member, source="app-runtime"),
     )
     async with w.client("owner") as c:
         # The progress signal: the agent reported the key sync the consumed grant queued.
@@ -75,7 +76,7 @@ async def test_access_grant_and_release_clearance(world: World, infra) -> None:
 
     revoked = grant.model_copy(update={"status": "revoked", "version": 2})
     await publish(
-        infra.kafka_bootstrap, app_runtime_events.AccessGrantRevoked.build(data=revoked, source="app_runtime")
+        infra.kafka_bootstrap, app_runtime_events.AccessGrantRevoked.build(data=revoked, source="app-runtime")
     )
 
     async with w.client("owner") as c:
@@ -97,7 +98,7 @@ async def test_access_grant_and_release_clearance(world: World, infra) -> None:
     assert (await w.wait_status("owner", aid, "releasing"))["awaiting_release_clearance"] is True
     await publish(
         infra.kafka_bootstrap,
-        app_runtime_events.ReleaseClearanceGranted.build(data=clearance, source="app_runtime", id=new_event_id()),
+        app_runtime_events.ReleaseClearanceGranted.build(data=clearance, source="app-runtime", id=new_event_id()),
     )
     await w.wait_status("owner", aid, "released", timeout_s=30)
     async with w.client("owner") as c:

@@ -44,7 +44,7 @@ async def test_concurrent_creates_never_double_book(world: World) -> None:
     w = world
     for name in ("h-a", "h-b"):
         await register_without_agent(w, (await w.enrol(name))["node_token"], 4)
-    results = await asyncio.gather(*[w.create("owner", gpu_count=1) for _ in range(12)])
+    results = await asyncio.gather(*[w.create("owner", gpu_count=1, queue=False) for _ in range(12)])
     codes = Counter(r.status_code for r in results)
     assert codes == {201: 8, 409: 4}, [r.json() for r in results if r.status_code != 201][:2]
     assert all(r.json()["code"] == "insufficient_capacity" for r in results if r.status_code == 409)
@@ -64,15 +64,15 @@ async def test_quota_and_baremetal(world: World) -> None:
     async with w.client("owner") as c:
         assert (await c.put(f"/projects/{w.ids['p2']}/quota", json={"max_gpus": 99})).status_code == 403
     assert (await w.create("owner", "p2", gpu_count=2)).status_code == 201
-    r = await w.create("owner", "p2", gpu_count=2)
+    r = await w.create("owner", "p2", gpu_count=2, queue=False)
     assert r.status_code == 409 and r.json()["code"] == "quota_exceeded" and r.json()["quota"] == 3
     assert (await w.create("owner", "p2", gpu_count=1)).status_code == 201
     # Baremetal takes a whole host of the model, and only an empty one.
     r = await w.create("owner", shape="baremetal", gpu_model="A100-80GB", gpu_count=None)
     assert r.status_code == 201 and r.json()["gpu_count"] == 4 and r.json()["gpu_indices"] == [0, 1, 2, 3]
-    r = await w.create("owner", gpu_model="A100-80GB", gpu_count=1)
+    r = await w.create("owner", gpu_model="A100-80GB", gpu_count=1, queue=False)
     assert r.status_code == 409 and r.json()["code"] == "insufficient_capacity"
-    r = await w.create("owner", shape="baremetal", gpu_model="H100-80GB", gpu_count=None)
+    r = await w.create("owner", shape="baremetal", gpu_model="H100-80GB", gpu_count=None, queue=False)
     assert r.status_code == 409  # the H100 host already carries slices
 
 
@@ -229,7 +229,7 @@ async def test_drain_releases_and_cordon_blocks_placement(world: World) -> None:
     async with w.client("op") as op:
         r = await op.post(f"/hosts/{host['host_id']}/cordon", json={"reason": "maintenance"})
         assert r.status_code == 200 and r.json()["status"] == "cordoned"
-        r = await w.create("owner")
+        r = await w.create("owner", queue=False)
         assert r.status_code == 409 and r.json()["code"] == "insufficient_capacity"
         r = await op.post(f"/hosts/{host['host_id']}/drain", json={"reason": "hardware swap"})
         assert r.status_code == 200

@@ -26,6 +26,7 @@ H100, A100 = "H100-80GB", "A100-40GB"
     ("current", "target"),
     [
         (S.requested, S.provisioning),
+        (S.requested, S.queued),  # no capacity now: it waits (issue 29)
         (S.provisioning, S.active),
         (S.provisioning, S.failed),
         (S.active, S.restarting),
@@ -71,8 +72,49 @@ def test_released_and_failed_are_final_and_hold_no_capacity() -> None:
         for target in S:
             with pytest.raises(Problem):
                 domain.check_transition(final.value, target, action="move")
-    # every other status still holds its GPUs, a failed release included (the host is not known to be clean)
-    assert set(S) - domain.TERMINAL == domain.HOLDS_CAPACITY
+    # every other status still holds its GPUs, a failed release included (the host is not known to be clean),
+    # except a request waiting in the capacity queue: it holds nothing until admitted
+    assert set(S) - domain.TERMINAL - {S.queued} == domain.HOLDS_CAPACITY
+    assert S.queued not in domain.HOLDS_CAPACITY
+
+
+@pytest.mark.parametrize(
+    ("target", "allowed"),
+    [(S.provisioning, True), (S.failed, True), (S.released, True), (S.active, False), (S.releasing, False)],
+)
+def test_a_queued_request_is_admitted_failed_or_cancelled_only(target: S, allowed: bool) -> None:
+    if allowed:
+        domain.check_transition(S.queued.value, target, action="move")
+    else:
+        with pytest.raises(Problem):
+            domain.check_transition(S.queued.value, target, action="move")
+
+
+@pytest.mark.parametrize(
+    ("figures", "code"),
+    [
+        ({"guarantee": 5, "limit": 4, "lend_limit": None, "weight": 1.0}, "guarantee_above_limit"),
+        ({"guarantee": -1, "limit": None, "lend_limit": None, "weight": 1.0}, "invalid_queue"),
+        ({"guarantee": 2, "limit": None, "lend_limit": 3, "weight": 1.0}, "invalid_queue"),
+        ({"guarantee": 0, "limit": None, "lend_limit": None, "weight": 0.0}, "invalid_queue"),
+    ],
+)
+def test_bad_queue_figures_are_422(figures: dict, code: str) -> None:
+    with pytest.raises(Problem) as caught:
+        domain.check_queue_figures(**figures)
+    assert (caught.value.status, caught.value.code) == (422, code)
+
+
+def test_projects_share_no_more_than_their_tenant() -> None:
+    domain.check_project_share(tenant_guarantee=4, tenant_limit=8, other_projects_guarantee=3, guarantee=1, limit=8)
+    with pytest.raises(Problem) as caught:
+        domain.check_project_share(
+            tenant_guarantee=4, tenant_limit=None, other_projects_guarantee=3, guarantee=2, limit=None
+        )
+    assert caught.value.code == "project_guarantees_above_tenant"
+    with pytest.raises(Problem) as caught:
+        domain.check_project_share(tenant_guarantee=4, tenant_limit=8, other_projects_guarantee=0, guarantee=0, limit=9)
+    assert caught.value.code == "project_limit_above_tenant"
 
 
 # --------------------------------------------------------------------------------------------- placement

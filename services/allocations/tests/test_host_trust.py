@@ -163,7 +163,7 @@ async def test_placement_by_tenancy_and_the_audited_override(world: World) -> No
         first = await w.create("owner", host_class="tenancy")
         assert first.status_code == 201, first.text
         # Another tenant: refused while t1 holds GPUs on a host that does not isolate tenants.
-        r = await w.create("stranger", "px", host_class="tenancy")
+        r = await w.create("stranger", "px", host_class="tenancy", queue=False)
         assert r.status_code == 409 and r.json()["code"] == "insufficient_capacity", r.text
         assert "do not isolate tenants" in r.json()["detail"]
         # The same tenant (another project) may share it.

@@ -51,7 +51,7 @@ async def test_capacity_allocations_refusals_activation_and_heartbeat_loss(world
 
     aid = (await w.create("owner", gpu_count=3)).json()["allocation_id"]
     await w.wait_status("owner", aid, "active")
-    r = await w.create("owner", gpu_count=2)  # one GPU left
+    r = await w.create("owner", gpu_count=2, queue=False)  # one GPU left
     assert r.status_code == 409 and r.json()["code"] == "insufficient_capacity", r.text
     r = await w.create("owner", gpu_model="B200-192GB")
     assert r.status_code == 422 and r.json()["code"] == "unknown_gpu_model", r.text

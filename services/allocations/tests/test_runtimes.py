@@ -263,7 +263,7 @@ async def test_process_host_runs_no_runtime_and_takes_no_runtime_request(world: 
         task = await agent.task_for(r.json()["allocation_id"], "provision")
         assert task["payload"]["runtime"] is None and task["payload"]["limits"] is None
         # A runtime asks for a container host; there is none.
-        r = await w.create("owner", runtime="gpuaas-base")
+        r = await w.create("owner", runtime="gpuaas-base", queue=False)
         assert r.status_code == 409 and r.json()["code"] == "insufficient_capacity"
         assert "container host" in r.json()["detail"]
     finally:

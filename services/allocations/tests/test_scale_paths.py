@@ -49,7 +49,7 @@ async def test_host_capacity_follows_every_assignment_change(world: World) -> No
     assert a100.status_code == 201, a100.text
     assert sorted(v for v in (await _capacity_matches_truth(w)).values()) == [(2, 2), (4, 3)]
     # The A100 host is full: a third A100 is refused although H100s are free (per-model counts).
-    refused = await w.create("owner", gpu_model="A100-80GB", gpu_count=1)
+    refused = await w.create("owner", gpu_model="A100-80GB", gpu_count=1, queue=False)
     assert refused.status_code == 409 and refused.json()["code"] == "insufficient_capacity"
     # Freeing GPUs (the release path deletes assignments) is reflected in the same transaction.
     async with w.kit.sessions() as s, s.begin():

@@ -17,6 +17,7 @@ from gpuaas.contracts.events import app_runtime as ar
 from gpuaas.kit.kafka import make_producer
 from gpuaas.kit.tables import outbox
 from gpuaas.kit.testing import wait_for
+from gpuaas.kit.testing_events import signed_payload
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +136,7 @@ async def _publish(bootstrap: str, *events: ar.InstanceCreated) -> None:
     await producer.start()
     try:
         for e in events:
-            await producer.send_and_wait(e.topic, e.model_dump_json().encode(), key=e.key())
+            await producer.send_and_wait(e.topic, signed_payload(e), key=e.key())  # as its producer's relay signs
     finally:
         await producer.stop()
 

@@ -1,4 +1,5 @@
-"""The `gpuaas` command line: login, allocations (with a live timeline), keys, grants, volumes, apps, cost.
+"""The `gpuaas` command line: login, allocations (with a live timeline), capacity queues, keys, grants, volumes,
+apps, cost.
 
 Every command prints a table (rich) or, with `--json`, the API's JSON. A problem answered by the platform
 is printed as `error: <detail> (<code>)` and the command exits 1; a connection failure exits 2. The
@@ -12,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from gpuaas.cli.commands import allocations, apps, auth, costs, grants, keys, volumes
+from gpuaas.cli.commands import allocations, apps, auth, costs, grants, keys, queues, volumes
 from gpuaas.cli.context import State
 
 app = typer.Typer(help="GPUaaS from the command line.", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -23,6 +24,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(grants.app, name="grants")
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(apps.app, name="apps")
+app.add_typer(queues.app, name="queue")
 
 
 @app.callback()

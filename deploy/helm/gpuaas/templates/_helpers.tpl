@@ -116,11 +116,16 @@ the service's own SASL user when kafka.sasl.perService. Context: dict root, comp
 - name: {{ .prefix }}EVENT_SIGNING_KEY
   valueFrom:
     secretKeyRef:
-      name: {{ required "eventSigning.existingSecret is required (identity's events are accepted only signed)" $v.eventSigning.existingSecret }}
+      name: {{ required "eventSigning.existingSecret is required (every service's events are accepted only signed)" $v.eventSigning.existingSecret }}
       key: {{ .component }}
-      optional: {{ ne .component "identity" }}
+{{- $verify := required "eventSigning.verifyKeys is required (every service's public key)" $v.eventSigning.verifyKeys }}
+{{- range $emitter := list "identity" "allocations" "catalog" "app-runtime" "metering" "billing" }}
+{{- if not (regexMatch (printf "(^|,)\\s*%s:" $emitter) $verify) }}
+{{- fail (printf "eventSigning.verifyKeys has no public key of %s (consumers refuse its events unsigned by it)" $emitter) }}
+{{- end }}
+{{- end }}
 - name: GPUAAS_EVENT_VERIFY_KEYS
-  value: {{ required "eventSigning.verifyKeys is required (at least identity's public key)" $v.eventSigning.verifyKeys | quote }}
+  value: {{ $verify | quote }}
 {{- if and (hasPrefix "SASL_" $v.kafka.securityProtocol) $v.kafka.sasl.perService }}
 - name: GPUAAS_KAFKA_SECURITY_PROTOCOL
   value: {{ $v.kafka.securityProtocol | quote }}

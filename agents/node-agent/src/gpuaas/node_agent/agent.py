@@ -36,7 +36,11 @@ from gpuaas.contracts.agent import (
     AttachVolumeTask,
     DetachVolumeResult,
     DetachVolumeTask,
+    HeartbeatAck,
     NetworkInfo,
+    NotifyPreemptionResult,
+    NotifyPreemptionTask,
+    OverlaySpec,
     ProvisionResult,
     ProvisionTask,
     ReleaseEvidence,
@@ -57,6 +61,7 @@ from gpuaas.contracts.agent import (
 )
 from gpuaas.node_agent import __version__
 from gpuaas.node_agent.drivers import choose
+from gpuaas.node_agent.drivers.base import DriverError
 from gpuaas.node_agent.gpus import discover
 from gpuaas.node_agent.settings import AgentSettings, read_node_token
 from gpuaas.node_agent.sshd import Endpoint
@@ -146,6 +151,7 @@ class Agent:
         self.host_id: str | None = None
         self.ssh_port = 0
         self.heartbeat_interval = settings.heartbeat_interval_s  # the service's value once registered
+        self.overlays: dict[str, str] = {}  # project id -> the segment last applied (JSON): applied again on change
         self.failures = self._parse_failures(settings.inject_failures)
         self.stopping = asyncio.Event()
         self.registered = asyncio.Event()
@@ -247,8 +253,26 @@ class Agent:
                 r = await self.client.post("/agent/heartbeat")
                 if r.status_code == 401:
                     log.error("heartbeat refused: the node token is no longer valid")
-            except httpx.HTTPError as exc:
+                elif r.is_success:
+                    await self.apply_overlays(HeartbeatAck.model_validate_json(r.content).overlays)
+            except (httpx.HTTPError, ValidationError) as exc:
                 log.warning("heartbeat failed: %s", exc)
+
+    async def apply_overlays(self, segments: list[OverlaySpec] | None) -> None:
+        """The heartbeat's answer: this host's project segments as they are now. Each changed one is applied
+        (peers and names follow members coming and going); None (an older service) changes nothing."""
+        for seg in segments or []:
+            key, text = str(seg.project_id), seg.model_dump_json()
+            if seg.project_id is None or self.overlays.get(key) == text:
+                continue
+            try:
+                if await self.driver.sync_overlay(key, seg) is not None:  # else no network yet: the next beat
+                    self.overlays[key] = text
+            except DriverError as exc:  # the next heartbeat tries again
+                log.warning("overlay of project %s not applied: %s", key, exc)
+        live = {str(s.project_id) for s in segments or []}
+        if segments is not None:
+            self.overlays = {k: v for k, v in self.overlays.items() if k in live}
 
     async def _task_loop(self) -> None:
         while not self.stopping.is_set():
@@ -394,7 +418,7 @@ class Agent:
     def _update(self, ws: Workspace, p: RestartTask | ResizeTask) -> None:
         """Take what a restart/resize payload carries (GPUs, limits, runtime) into the allocation's meta; a field
         the control plane did not send keeps its value."""
-        values = p.model_dump(mode="json", include={"gpu_indices", "limits", "runtime"} & p.model_fields_set)
+        values = p.model_dump(mode="json", include={"gpu_indices", "limits", "runtime", "overlay"} & p.model_fields_set)
         if values:
             ws.write_meta(**values)
 
@@ -428,7 +452,11 @@ class Agent:
         if not ws.root.exists():
             return SyncSshKeysResult(skipped="no workspace")
         self.workspaces.write_keys(ws, p.authorized_keys)
-        return SyncSshKeysResult(keys=len(p.authorized_keys))
+        # A removed key's open sessions end with it (a disabled user, a removed member, a revoked grant).
+        closed = await self.endpoint.end_removed_keys(p.username or ws.username, "\n".join(p.authorized_keys))
+        if closed:
+            await self.step(lease, "keys", f"{closed} SSH session(s) of removed keys closed")
+        return SyncSshKeysResult(keys=len(p.authorized_keys), sessions_closed=closed)
 
     async def run_attach_volume(self, lease: TaskLease, p: AttachVolumeTask) -> AttachVolumeResult:
         ws = self._workspace(p)
@@ -447,10 +475,31 @@ class Agent:
             await self.driver.apply(ws, [p.mount_path])
         return DetachVolumeResult()
 
+    async def run_notify_preemption(self, lease: TaskLease, p: NotifyPreemptionTask) -> NotifyPreemptionResult:
+        """The preemption notice (issue 29): /run/gpuaas/preemption inside the allocation (JSON) and a message
+        on its open SSH sessions; the stop comes later, as a release task."""
+        ws = self.workspaces.get(str(p.allocation_id))
+        if not ws.root.exists():
+            return NotifyPreemptionResult()
+        deadline = p.deadline.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        notice = {"deadline": deadline, "reason": p.reason, "on_preemption": p.on_preemption}
+        path = await self.driver.write_notice(ws, "preemption", json.dumps(notice) + "\n")
+        then = "it will be queued again" if p.on_preemption == "requeue" else "it will be released"
+        told = self.endpoint.tell(
+            ws.username,
+            f"*** gpuaas: this allocation is preempted ({p.reason}): it stops at {deadline} "
+            f"(SIGTERM, then SIGKILL); {then}. Save your work. Details: {path} ***",
+        )
+        await self.step(lease, "notice", f"{path} written; {told} SSH session(s) told")
+        return NotifyPreemptionResult(file_written=True, sessions_notified=told)
+
     async def run_release(self, lease: TaskLease, p: ReleaseTask) -> ReleaseResult:
         ws = self.workspaces.get(str(p.allocation_id))
         if ws.root.exists():
             ws.write_meta(status="releasing")  # no new logins from here on
+        if p.stop_timeout_s is not None and ws.root.exists():  # a preemption: SIGTERM first, SIGKILL after
+            await self.driver.stop(ws, p.stop_timeout_s)
+            await self.step(lease, "stop", f"stopped (SIGTERM, SIGKILL after {p.stop_timeout_s:.0f}s)")
         sessions = self.endpoint.disconnect(p.username)
         await self.step(lease, "processes", f"{sessions} SSH session(s) closed")
         evidence = ReleaseEvidence.model_validate(await self.driver.release(ws))
@@ -478,5 +527,6 @@ HANDLERS: dict[type[TaskInput], Callable[[Agent, TaskLease, Any], Awaitable[Agen
     AttachVolumeTask: Agent.run_attach_volume,
     DetachVolumeTask: Agent.run_detach_volume,
     ReleaseTask: Agent.run_release,
+    NotifyPreemptionTask: Agent.run_notify_preemption,
 }
 complete_table(HANDLERS, TASK_TYPES, "node agent task handlers")

@@ -21,8 +21,9 @@ Rules name their network in a comment (`gpuaas-net-<project hex>`) and their bri
 per-network rules is always written as a whole (iptables-restore --noflush, one commit per family), so a
 crash never leaves half of a network's rules. Without any project network nothing of ours is left: the
 hooks and chains are deleted. `sync()` (agent start) rewrites the rules from the networks podman has.
-A later overlay segment (issue 27 item 1) is one more interface per project: `attach()` takes any
-interface name.
+The project's overlay (overlay.py) is a port of its bridge: frames between members on two hosts stay on the
+bridge, and whatever a remote member routes through this host leaves by `-i <bridge>` like a local member's; the
+underlay side (VXLAN only from peer hosts) is overlay.py's `GPUAAS-VXLAN`.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ class ContainerInfo(TypedDict, total=False):
     HostConfig: HostConfig
     GraphDriver: GraphDriver
     NetworkSettings: NetworkSettings
+    HostsPath: str  # the /etc/hosts podman bind-mounts into the container
 
 
 class ContainerSummary(TypedDict, total=False):
@@ -97,6 +98,7 @@ class NetworkInfo(TypedDict, total=False):
     dns_enabled: bool
     options: dict[str, str] | None
     labels: dict[str, str] | None
+    subnets: list[dict[str, str]] | None  # [{subnet, gateway}]
 
 
 def json_objects(out: str) -> list[dict[str, object]]:

@@ -15,8 +15,9 @@
 
 Creation, attaching a container and removal are serialised by a lock file per network under
 /run/gpuaas-agent (shared by every agent of the machine), so an agent never removes a network another
-agent is just attaching a container to. The network is host-local: allocations of one project on two
-different machines are not connected (docs/operations.md, "Known limits").
+agent is just attaching a container to. With the task's overlay the network is made on the project's subnet and
+its bridge joins the project's VXLAN segment across hosts (overlay.py; `join_overlay`), and the segment's port goes
+with the network; without it the network is host-local.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, cast
 
+from gpuaas.contracts.agent import OverlaySpec
+from gpuaas.node_agent import overlay
 from gpuaas.node_agent.firewall import EgressPolicy, Firewall, FirewallError
 from gpuaas.node_agent.podman import NetworkInfo, Podman, PodmanError, json_objects
 
@@ -91,17 +94,25 @@ class ProjectNetworks:
         _, out, _ = await self.podman.run("network", "ls", *args, "--format", "{{.Name}}")
         return out.split()
 
-    async def ensure(self, name: str) -> None:
-        """Create the network (isolated bridge, no DNS helper) and contain it; call under `locked(name)`."""
+    async def ensure(self, name: str, segment: OverlaySpec | None = None) -> None:
+        """Create the network (isolated bridge, no DNS helper) and contain it; call under `locked(name)`. With the
+        project's overlay `segment`: on the segment's subnet (gateway: its first address) and MTU."""
         info = await self._inspect(name)
-        if info is not None and info.get("dns_enabled") and not await self._users(name):
-            await self._remove(name, info)  # made by an earlier agent with the dnsname helper: made again
-            info = None
+        subnet = str(segment.subnet) if segment else None
+        if info is not None and not await self._users(name):
+            stale = info.get("dns_enabled") or (subnet is not None and _subnets(info) != [subnet])
+            if stale:  # made by an earlier agent with the dnsname helper, or on another subnet: made again
+                await self._remove(name, info)
+                info = None
         if info is None:
             await self._clear_state(name)  # whatever a killed agent left of an earlier network of this name
             try:
-                create = ["network", "create", "--label", f"{LABEL}=1", "--disable-dns", "-o", "isolate=true", name]
-                await self.podman.run(*create)
+                create = ["network", "create", "--label", f"{LABEL}=1", "--disable-dns", "-o", "isolate=true"]
+                if segment is not None:
+                    seg = overlay.from_spec(segment)
+                    create += ["--subnet", str(seg.subnet), "--gateway", str(seg.gateway)]
+                    create += ["-o", f"mtu={overlay.member_mtu()}"]
+                await self.podman.run(*create, name)
             except PodmanError as exc:
                 if "already exists" not in str(exc):
                     raise NetworkError(f"network {name} could not be created: {exc}") from exc
@@ -109,10 +120,31 @@ class ProjectNetworks:
         iface = info.get("network_interface")
         if not iface or (info.get("options") or {}).get("isolate") != "true":
             raise NetworkError(f"network {name} is not an isolated bridge ({info})")
+        if subnet is not None and _subnets(info) != [subnet]:
+            raise NetworkError(f"network {name} is on {_subnets(info)}, in use: not moved to the overlay's {subnet}")
         try:
             await self.firewall.attach(_key(name), str(iface))
         except FirewallError as exc:
             raise NetworkError(f"network {name} could not be contained: {exc}") from exc
+
+    async def join_overlay(self, name: str, segment: OverlaySpec) -> int | None:
+        """The network's bridge joins the project's segment (overlay.join) and every member of the project here
+        gets the segment's names in its /etc/hosts; the number of members named, None without the network. Call
+        under `locked(name)`."""
+        info = await self._inspect(name)
+        if info is None or not info.get("network_interface"):
+            return None
+        seg = overlay.from_spec(segment)
+        try:
+            await overlay.join(str(info.get("network_interface")), seg)
+        except overlay.OverlayError as exc:
+            raise NetworkError(f"network {name} could not join segment {seg.vni}: {exc}") from exc
+        members = await self._users(name, "running")
+        for member in members:
+            hosts = ((await self.podman.inspect(member)) or {}).get("HostsPath")
+            if hosts:
+                await asyncio.to_thread(overlay.write_hosts, Path(hosts), seg.names)
+        return len(members)
 
     async def _users(self, name: str, state: str | None = None) -> list[str]:
         filters = ["--filter", f"network={name}"] + (["--filter", f"status={state}"] if state else [])
@@ -134,7 +166,15 @@ class ProjectNetworks:
         return True
 
     async def _remove(self, name: str, info: NetworkInfo) -> None:
-        """Rules first (they name the bridge, which podman hands to its next network), then the network."""
+        """Rules first (they name the bridge, which podman hands to its next network), then the network. The
+        bridge's overlay port goes before either (leaving the project's segment on this host)."""
+        bridge = str(info.get("network_interface") or "")
+        try:
+            for vni, master in (await overlay.segments()).items():
+                if bridge and master == bridge:
+                    await overlay.leave(vni)
+        except overlay.OverlayError as exc:
+            raise NetworkError(f"network {name}: overlay port not removed: {exc}") from exc
         try:
             await self.firewall.detach(_key(name), then=lambda: self.podman.run("network", "rm", name, check=False))
         except FirewallError as exc:
@@ -189,6 +229,12 @@ class ProjectNetworks:
             raise NetworkError(str(exc)) from exc
         if dropped:
             log.info("dropped containment rules of %d network(s) that no longer exist", len(dropped))
+        try:
+            left = await overlay.prune()  # overlay ports whose bridge went with a network a killed agent removed
+        except overlay.OverlayError as exc:
+            raise NetworkError(str(exc)) from exc
+        if left:
+            log.info("removed overlay ports without a bridge: %s", ", ".join(left))
         named = await _cni_rules(None)
         stale = {i for i in named if not await self._iface_in_use(i)}  # each checked just before: made meanwhile?
         stale_rules = await _clear_cni_rules(stale) if stale else 0
@@ -224,6 +270,10 @@ class ProjectNetworks:
         info = await self.podman.inspect(container) or {}
         net = ((info.get("NetworkSettings") or {}).get("Networks") or {}).get(name) or {}
         return net.get("IPAddress") or None
+
+
+def _subnets(info: NetworkInfo) -> list[str]:
+    return [str(s.get("subnet")) for s in info.get("subnets") or []]
 
 
 def _dnsmasq_pids(name: str) -> list[int]:

@@ -2,9 +2,12 @@
 
 The user name is the allocation's account. Public keys are checked against the allocation's
 `authorized_keys`, read at every login (a revoked grant is refused at once), plus the platform CA
-(`cert-authority`) whose short-lived certificates the browser terminal uses. What a session runs is
-the runtime driver's: `podman exec -i [-t] --user <username> ... <container> sh` (container driver)
-or a shell in the workspace joined to the allocation's cgroup (process driver); with a pty when
+(`cert-authority`) whose short-lived certificates the browser terminal uses. The endpoint remembers which
+key each connection signed in with and which processes each session started: when a key sync removes a
+key (`end_removed_keys`), that key's connections are closed and their sessions' processes killed (every
+process of the session, job-control groups included; one that called setsid itself is left to release).
+What a session runs is the runtime driver's: `podman exec -i [-t] --user <username> ... <container> sh`
+(container driver) or a shell in the workspace joined to the allocation's cgroup (process driver); with a pty when
 asked (pty.openpty + TIOCSWINSZ + a new session + TIOCSCTTY; podman exec -t attaches to it).
 """
 
@@ -15,6 +18,7 @@ import contextlib
 import fcntl
 import os
 import pty
+import secrets
 import signal
 import struct
 import subprocess
@@ -29,6 +33,43 @@ from gpuaas.node_agent.workspace import Workspaces
 
 # The server runs with encoding=None: a session's streams carry bytes.
 SessionProcess = asyncssh.SSHServerProcess[bytes]
+Connection = asyncssh.SSHServerConnection
+
+
+def key_blobs(lines: str) -> set[bytes]:
+    """The public key blobs of an authorized_keys text (lines that do not parse are skipped)."""
+    blobs: set[bytes] = set()
+    for line in lines.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            blobs.add(asyncssh.import_public_key(line).public_data)
+        except (asyncssh.KeyImportError, ValueError):
+            continue
+    return blobs
+
+
+def _session_members(leader: int) -> list[int]:
+    """Every process whose session id is `leader` (a session's shell, its jobs and their children)."""
+    members = [leader]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == leader:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session ...
+        if len(fields) > 3 and fields[3] == str(leader):
+            members.append(int(entry.name))
+    return members
+
+
+def kill_session(leader: int) -> None:
+    for pid in _session_members(leader):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _join_cgroup(procs: Path | None) -> None:
@@ -49,7 +90,13 @@ class Endpoint:
         self.driver = driver
         self.host_key_path = host_key_path
         self.ca_key = ca_key
-        self.connections: dict[str, set[asyncssh.SSHServerConnection]] = {}
+        self.connections: dict[str, set[Connection]] = {}
+        # The public key blob each connection signed in with (none: a terminal's short-lived certificate).
+        self.connection_keys: dict[Connection, bytes] = {}
+        # Each connection's sessions: their mark (Driver.session) and the host process that leads each.
+        self.session_pids: dict[Connection, dict[str, int]] = {}
+        # Each account's open sessions (their channels), for a message to all of them (a preemption notice).
+        self.open_sessions: dict[str, set[SessionProcess]] = {}
         self.server: asyncssh.SSHAcceptor | None = None
 
     def _host_key(self) -> asyncssh.SSHKey:
@@ -69,23 +116,34 @@ class Endpoint:
         endpoint = self
 
         class Server(asyncssh.SSHServer):
-            def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+            def connection_made(self, conn: Connection) -> None:
                 self.conn = conn
                 self.username: str | None = None
+                self.key: bytes | None = None
 
             def connection_lost(self, exc: Exception | None) -> None:
                 if self.username:
                     endpoint.connections.get(self.username, set()).discard(self.conn)
+                endpoint.connection_keys.pop(self.conn, None)
+                endpoint.session_pids.pop(self.conn, None)
 
             def begin_auth(self, username: str) -> bool:
+                # Only the CA goes to asyncssh's own check (terminal certificates); plain keys come to
+                # validate_public_key, so the endpoint knows which key a connection used.
                 ws = endpoint.workspaces.by_username(username)
-                lines = ws.authorized_keys() if ws is not None and ws.active else ""
                 ca = endpoint.ca_key()
-                if ws is not None and ws.active and ca:
-                    lines += f"cert-authority {ca}\n"
-                self.conn.set_authorized_keys(
-                    asyncssh.import_authorized_keys(lines) if lines.strip() else asyncssh.import_authorized_keys("")
-                )
+                lines = f"cert-authority {ca}\n" if ws is not None and ws.active and ca else ""
+                self.conn.set_authorized_keys(asyncssh.import_authorized_keys(lines))
+                return True
+
+            def public_key_auth_supported(self) -> bool:
+                return True
+
+            def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+                ws = endpoint.workspaces.by_username(username)
+                if ws is None or not ws.active or key.public_data not in key_blobs(ws.authorized_keys()):
+                    return False
+                self.key = key.public_data
                 return True
 
             def password_auth_supported(self) -> bool:
@@ -95,6 +153,8 @@ class Endpoint:
                 username: str = self.conn.get_extra_info("username")  # set once authentication is complete
                 self.username = username
                 endpoint.connections.setdefault(username, set()).add(self.conn)
+                if self.key is not None:
+                    endpoint.connection_keys[self.conn] = self.key
 
         self.server = await asyncssh.create_server(
             Server,
@@ -121,6 +181,52 @@ class Endpoint:
             c.close()
         return len(conns)
 
+    async def end_removed_keys(self, username: str, authorized_keys: str) -> int:
+        """Close the connections of `username` whose key is no longer in `authorized_keys` and kill what
+        their sessions started (on the host, then through the driver inside the allocation); the number of
+        connections closed. A terminal's certificate connection is not a key's: the platform closes it with
+        the terminal's token."""
+        allowed = key_blobs(authorized_keys)
+        ws = self.workspaces.by_username(username)
+        closed = 0
+        for conn in list(self.connections.get(username, set())):
+            key = self.connection_keys.get(conn)
+            if key is None or key in allowed:
+                continue
+            sessions = self.session_pids.pop(conn, {})
+            conn.close()
+            self.connections.get(username, set()).discard(conn)
+            for leader in sessions.values():
+                kill_session(leader)
+            if ws is not None:
+                for mark in sessions:
+                    await self.driver.end_session(ws, mark)
+            closed += 1
+        return closed
+
+    def tell(self, username: str, message: str) -> int:
+        """Write `message` to every open session of an account, like wall(1) to its terminals (stdout with a
+        pty, stderr without: a command's output stays clean); the number of sessions told."""
+        told = 0
+        for process in list(self.open_sessions.get(username, set())):
+            if process.get_terminal_type() is not None:
+                stream, text = process.stdout, "\r\n" + message.replace("\n", "\r\n") + "\r\n"
+            else:
+                stream, text = process.stderr, f"\n{message}\n"
+            with contextlib.suppress(Exception):  # a channel closing meanwhile
+                stream.write(text.encode())
+                told += 1
+        return told
+
+    def _track(self, process: SessionProcess, mark: str, pid: int) -> Callable[[], None]:
+        conn: Connection = process.get_extra_info("connection")
+        self.session_pids.setdefault(conn, {})[mark] = pid
+
+        def untrack() -> None:
+            self.session_pids.get(conn, {}).pop(mark, None)
+
+        return untrack
+
     async def _session(self, process: SessionProcess) -> None:
         username: str = process.get_extra_info("username")
         ws = self.workspaces.by_username(username)
@@ -128,17 +234,22 @@ class Endpoint:
             process.stderr.write(b"this allocation is not active\n")
             process.exit(1)
             return
+        sessions = self.open_sessions.setdefault(username, set())
+        sessions.add(process)
         try:
             term = process.get_terminal_type()
-            cmd = self.driver.session(ws, process.command, term)
-            rc = await (self._run_pty(process, cmd) if term else self._run_pipes(process, cmd))
+            mark = secrets.token_hex(8)
+            cmd = self.driver.session(ws, process.command, term, mark)
+            rc = await (self._run_pty(process, cmd, mark) if term else self._run_pipes(process, cmd, mark))
         except Exception as exc:  # report to the client rather than dropping the channel
             process.stderr.write(f"session failed: {exc}\n".encode())
             rc = 255
+        finally:
+            sessions.discard(process)
         with contextlib.suppress(Exception):
             process.exit(rc)
 
-    async def _run_pipes(self, process: SessionProcess, cmd: SessionCommand) -> int:
+    async def _run_pipes(self, process: SessionProcess, cmd: SessionCommand, mark: str) -> int:
         proc = await asyncio.create_subprocess_exec(
             *cmd.argv,
             stdin=subprocess.PIPE,
@@ -149,6 +260,7 @@ class Endpoint:
             start_new_session=True,
             preexec_fn=lambda: _join_cgroup(cmd.cgroup_procs),
         )
+        untrack = self._track(process, mark, proc.pid)
 
         async def copy(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes]) -> None:
             while data := await reader.read(65536):
@@ -178,10 +290,11 @@ class Endpoint:
         assert proc.stdout is not None and proc.stderr is not None
         await asyncio.gather(copy(proc.stdout, process.stdout), copy(proc.stderr, process.stderr))
         rc = await proc.wait()
+        untrack()
         feeder.cancel()
         return rc if rc >= 0 else 128 - rc
 
-    async def _run_pty(self, process: SessionProcess, cmd: SessionCommand) -> int:
+    async def _run_pty(self, process: SessionProcess, cmd: SessionCommand, mark: str) -> int:
         master, slave = pty.openpty()
         cols, rows = process.get_terminal_size()[:2]
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows or 24, cols or 80, 0, 0))
@@ -202,6 +315,7 @@ class Endpoint:
             close_fds=True,
         )
         os.close(slave)
+        untrack = self._track(process, mark, proc.pid)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -244,6 +358,7 @@ class Endpoint:
         out_task = asyncio.create_task(out())
         feeder = asyncio.create_task(feed())
         rc = await asyncio.to_thread(proc.wait)
+        untrack()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(out_task, 0.5)
         for t in (out_task, feeder):

@@ -144,6 +144,7 @@ class Workspaces:
             workload=p.workload.model_dump(mode="json") if p.workload else None,
             workload_token=p.workload_token,
             project_id=str(p.project_id) if p.project_id else None,  # the container driver's project network
+            overlay=p.overlay.model_dump(mode="json") if p.overlay else None,  # its segment across hosts
             status=ws.status if ws.status == "active" else "provisioning",
         )
         self.write_keys(ws, p.authorized_keys)

@@ -1,7 +1,8 @@
-"""`gpuaas alloc`: create (`--runtime` picks the runtime image), list, show (runtime, driver, limits), runtimes,
-ssh, restart, resize, release, retry-release; `--wait` follows the allocation's timeline (a live table on a
-terminal) until the change settles. Every ALLOCATION argument is an id, a name or a unique id prefix (the
-short id the tables show)."""
+"""`gpuaas alloc`: create (`--runtime` picks the runtime image; a create that cannot be placed waits `queued`
+unless `--no-queue`), list, show (runtime, driver, limits), runtimes, ssh, restart, resize, release (a queued one
+is cancelled), retry-release; `--wait` follows the allocation's timeline (a live table on a terminal; a queued
+allocation's position and reason) until the change settles. Every ALLOCATION argument is an id, a name or a
+unique id prefix (the short id the tables show)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def allocation_rows(items: list[Allocation], shorts: dict[str, str] | None = Non
             [
                 shorts.get(str(a.allocation_id), str(a.allocation_id)),
                 a.name,
-                a.status,
+                status_line(a),
                 f"{a.gpu_count} x {a.gpu_model}",
                 a.shape,
                 ssh_line(a) or "-",
@@ -98,6 +99,14 @@ def isolation_rows(a: Allocation) -> Table:
     )
 
 
+def status_line(a: Allocation) -> str:
+    """The status, and for a queued allocation its place in its project's queue and why it waits."""
+    if a.status != Status.queued:
+        return str(a.status)
+    where = f"position {a.queue_position}" if a.queue_position else "position pending"
+    return f"queued ({where}, {a.pending_reason or 'waiting'})"
+
+
 def ssh_line(a: Allocation) -> str | None:
     ep = a.ssh_endpoint
     return f"ssh -p {ep.port} {ep.username}@{ep.host}" if ep else None
@@ -113,7 +122,7 @@ async def wait_allocation(
 
     def view(alloc: Allocation) -> Table:
         return table(
-            f"{alloc.name}: {alloc.status}",
+            f"{alloc.name}: {status_line(alloc)}",
             ["phase", "status", "message", "started", "finished"],
             [[e.phase, e.status, e.message, e.started_at, e.finished_at] for e in entries],
         )
@@ -133,9 +142,11 @@ async def wait_allocation(
                 entries.append(e)
                 if live is None and not st.json:
                     err.print(f"  {e.phase:<12} {e.status:<10} {e.message}", highlight=False)
-            alloc = await c.allocation(allocation_id)
+            before, alloc = status_line(alloc), await c.allocation(allocation_id)
             if live:
                 live.update(view(alloc))
+            elif not st.json and status_line(alloc) != before:
+                err.print(f"  {status_line(alloc)}", highlight=False)
             if alloc.status in done:
                 return alloc
             if time.monotonic() > deadline:
@@ -164,10 +175,15 @@ def create(
             "default: the host class's, else the platform's (see `alloc runtimes`)"
         ),
     ] = None,
+    queue: Annotated[
+        bool, typer.Option("--queue/--no-queue", help="Wait queued when no capacity is free (else refused: 409)")
+    ] = True,
+    priority: Annotated[int, typer.Option(min=-100, max=100, help="Order in the project's queue (higher first)")] = 0,
+    max_wait: Annotated[int | None, typer.Option(help="Seconds a queued request waits before it fails")] = None,
     wait: Wait = False,
     timeout: Timeout = 300,
 ) -> None:
-    """Create an allocation (with --wait: until it is active or failed)."""
+    """Create an allocation (with --wait: until it is active or failed, showing its queue position while queued)."""
     st = state_of(ctx)
 
     async def go() -> Allocation:
@@ -183,6 +199,9 @@ def create(
                 volume_ids=[await lookup.volume(c, pid, v) for v in volume or []],
                 runtime=runtime,
                 idempotency_key=new_key(),
+                queue=queue,
+                priority=priority,
+                max_wait=max_wait,
             )
             if wait:
                 a = await wait_allocation(st, c, str(a.allocation_id), SETTLED, timeout)

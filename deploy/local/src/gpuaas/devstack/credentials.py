@@ -9,9 +9,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from gpuaas.contracts import Event
 from gpuaas.devstack.config import SERVICES
 from gpuaas.devstack.state import read_json, write_private
-from gpuaas.kit.event_signing import generate_seed, public_of
+from gpuaas.kit.event_signing import EventSigner, generate_seed, public_of
 from gpuaas.kit.secrets_at_rest import generate_key_text
 
 
@@ -91,7 +92,12 @@ class Credentials:
         return str(self._store()["workload_token_key"])
 
     def event_signing_key(self, service: str) -> str:
-        return str(self._store()["event_signing_keys"][service])
+        """`service`'s envelope signing key; by its spec name (app_runtime) or its events' source (app-runtime)."""
+        return str(self._store()["event_signing_keys"][service.replace("-", "_")])
+
+    def signed_payload(self, event: Event) -> bytes:
+        """The event as its source's relay publishes it: signed with that service's key (unsigned ones are parked)."""
+        return EventSigner(self.event_signing_key(event.source)).sign_payload(event.model_dump_json().encode())
 
     @property
     def event_verify_keys(self) -> str:

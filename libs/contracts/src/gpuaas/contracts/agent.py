@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from typing import Annotated, Literal, TypeVar, cast
 
 from pydantic import (
@@ -89,6 +89,30 @@ class RuntimeImage(AgentModel):
     digest: Digest
 
 
+class OverlayPeer(AgentModel):
+    """A host of the project's overlay segment: its enrolled underlay address and the members it holds."""
+
+    underlay: IPv4Address
+    addresses: list[IPv4Address] = Field(default_factory=list, max_length=4096)
+
+
+class OverlaySpec(AgentModel):
+    """The project's network across hosts (issue 27): a VXLAN segment (`vni`) over the hosts' enrolled addresses,
+    the project's subnet (gateway: its first address, on every host), the allocation's address on it (assigned by
+    the allocations service, kept for the allocation's life; None in a peer update), this host's underlay address,
+    every host of the segment with its members (this one included), and the members' names
+    (`<allocation name>.<project>` → address). A heartbeat's answer lists one per project on the host (its
+    `project_id` set): how the peers and names follow members coming and going."""
+
+    project_id: uuid.UUID | None = None
+    vni: int = Field(ge=1, le=(1 << 24) - 1)
+    subnet: IPv4Network
+    address: IPv4Address | None = None
+    underlay: IPv4Address
+    peers: list[OverlayPeer] = Field(default_factory=list, max_length=4096)
+    names: dict[str, IPv4Address] = Field(default_factory=dict)
+
+
 class TaskInput(AgentModel):
     """Base of every task's input (the members of `AgentTask`)."""
 
@@ -109,6 +133,7 @@ class WorkspaceSpec(TaskInput):
     limits: AllocationLimits | None = None
     workload: WorkloadSpec | None = Field(default=None, description="a launchable app's workload (issue 21)")
     workload_token: str | None = Field(default=None, description="the workload's per-instance secret")
+    overlay: OverlaySpec | None = Field(default=None, description="the project's segment across hosts (issue 27)")
 
 
 class ProvisionTask(WorkspaceSpec):
@@ -129,6 +154,7 @@ class ResizeTask(TaskInput):
     limits: AllocationLimits | None = Field(default=None, description="the container's limits at the new size")
     workload: WorkloadSpec | None = None
     workload_token: str | None = None
+    overlay: OverlaySpec | None = Field(default=None, description="kept: a recreated container keeps its address")
 
 
 class SyncSshKeysTask(TaskInput):
@@ -154,10 +180,34 @@ class ReleaseTask(TaskInput):
     kind: Literal["release"] = "release"
     username: str = Field(max_length=64)
     volumes: list[ReleaseVolume] = Field(default_factory=list)
+    stop_timeout_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=600,
+        description="a preemption's stop: SIGTERM, then SIGKILL after this many seconds (None: kill at once)",
+    )
+
+
+class NotifyPreemptionTask(TaskInput):
+    """Tell an allocation it will be preempted (issue 29): /run/gpuaas/preemption inside it (JSON: deadline,
+    reason) and a message on its open SSH sessions."""
+
+    kind: Literal["notify_preemption"] = "notify_preemption"
+    username: str = Field(max_length=64)
+    deadline: Timestamp
+    reason: str = Field(max_length=64)
+    on_preemption: Literal["requeue", "release"] = "release"
 
 
 AgentTask = Annotated[
-    ProvisionTask | RestartTask | ResizeTask | SyncSshKeysTask | AttachVolumeTask | DetachVolumeTask | ReleaseTask,
+    ProvisionTask
+    | RestartTask
+    | ResizeTask
+    | SyncSshKeysTask
+    | AttachVolumeTask
+    | DetachVolumeTask
+    | ReleaseTask
+    | NotifyPreemptionTask,
     Field(discriminator="kind"),
 ]
 """A task's input, discriminated on `kind`."""
@@ -170,8 +220,18 @@ TASK_TYPES: tuple[type[TaskInput], ...] = (
     AttachVolumeTask,
     DetachVolumeTask,
     ReleaseTask,
+    NotifyPreemptionTask,
 )
-TaskKind = Literal["provision", "restart", "resize", "sync_ssh_keys", "attach_volume", "detach_volume", "release"]
+TaskKind = Literal[
+    "provision",
+    "restart",
+    "resize",
+    "sync_ssh_keys",
+    "attach_volume",
+    "detach_volume",
+    "release",
+    "notify_preemption",
+]
 
 
 # ------------------------------------------------------------------------------------- task outcomes
@@ -255,6 +315,7 @@ class SyncSshKeysResult(TaskOutcome):
     kind: Literal["sync_ssh_keys"] = "sync_ssh_keys"
     keys: int | None = Field(default=None, description="keys installed")
     skipped: str | None = Field(default=None, description="why nothing was done (no workspace on this host)")
+    sessions_closed: int | None = Field(default=None, description="open SSH connections of removed keys closed")
 
 
 class AttachVolumeResult(TaskOutcome):
@@ -273,6 +334,12 @@ class ReleaseResult(TaskOutcome):
     evidence: Annotated[ReleaseEvidence | None, WrapValidator(_or_none)] = None
 
 
+class NotifyPreemptionResult(TaskOutcome):
+    kind: Literal["notify_preemption"] = "notify_preemption"
+    file_written: bool = False
+    sessions_notified: int = Field(default=0, ge=0, description="open SSH sessions the message was written to")
+
+
 AgentResult = Annotated[
     ProvisionResult
     | RestartResult
@@ -280,7 +347,8 @@ AgentResult = Annotated[
     | SyncSshKeysResult
     | AttachVolumeResult
     | DetachVolumeResult
-    | ReleaseResult,
+    | ReleaseResult
+    | NotifyPreemptionResult,
     Field(discriminator="kind"),
 ]
 """A task's outcome, discriminated on `kind` (the task's kind)."""
@@ -293,6 +361,7 @@ RESULT_TYPES: tuple[type[TaskOutcome], ...] = (
     AttachVolumeResult,
     DetachVolumeResult,
     ReleaseResult,
+    NotifyPreemptionResult,
 )
 
 _TASKS: TypeAdapter[AgentTask] = TypeAdapter(AgentTask)
@@ -376,6 +445,11 @@ class AgentRegistered(AgentModel):
 class HeartbeatAck(AgentModel):
     host_id: uuid.UUID
     status: str
+    overlays: list[OverlaySpec] | None = Field(
+        default=None,
+        description="the segments of the projects with allocations on this host, as they are now (None: an older "
+        "service; the agent keeps what it has)",
+    )
 
 
 class TaskLease(AgentModel):

@@ -161,6 +161,10 @@ class _Walker:
         self.changes.append(Change(location or "<root>", message, breaking))
 
     def compare(self, old: Schema, new: Schema, path: str) -> None:
+        old_tags, new_tags = _tags(old), _tags(new)
+        if old_tags is not None and new_tags is not None:
+            self._compare_tagged(old_tags, new_tags, path)
+            return
         old_alts = _alternatives(self.old_root, old)
         new_alts = _alternatives(self.new_root, new)
         old_kinds = {_kind(s) for _, s in old_alts}
@@ -179,6 +183,17 @@ class _Walker:
                         continue  # compared already (shared or recursive definition)
                     self._visited.add(key)
                 self._compare_same_kind(o, n, kind, path)
+
+    def _compare_tagged(self, old: Mapping[str, str], new: Mapping[str, str], path: str) -> None:
+        """A discriminated union (e.g. a task lease's payload) by its tags, as `compare_kinds` treats the task
+        unions' own files: a tag removed is breaking, a tag added is not (an older agent fails a task of a
+        kind it does not know, by its reason), a tag kept is compared structurally."""
+        for tag in sorted(old.keys() - new.keys()):
+            self._add(path, f"kind {tag!r} removed")
+        for tag in sorted(new.keys() - old.keys()):
+            self._add(path, f"kind {tag!r} added (deploy agents first)", breaking=False)
+        for tag in sorted(old.keys() & new.keys()):
+            self.compare({"$ref": old[tag]}, {"$ref": new[tag]}, f"{path}<{tag}>")
 
     def _compare_same_kind(self, old: Schema, new: Schema, kind: str, path: str) -> None:
         self._compare_values(old, new, path)
@@ -256,6 +271,13 @@ def _resolve(root: Schema, node: Schema) -> tuple[str | None, Schema]:
             node = {**node["allOf"][0], **siblings}
         else:
             return ref, node
+
+
+def _tags(node: Schema) -> Mapping[str, str] | None:
+    """A discriminated union's tag -> `$ref` mapping (None: not one)."""
+    discriminator = node.get("discriminator")
+    mapping = cast(Mapping[str, Any], discriminator).get("mapping") if isinstance(discriminator, Mapping) else None
+    return cast(Mapping[str, str], mapping) if isinstance(mapping, Mapping) else None
 
 
 def _alternatives(root: Schema, node: Schema) -> list[tuple[str | None, Schema]]:

@@ -29,7 +29,9 @@ class AllocationStatus(StrEnum):
 
     requested → provisioning → active ⇄ restarting | resizing → releasing → released;
     `failed` when provisioning fails; `release_failed` when release fails (billing has already
-    stopped at the release request; the release can be retried).
+    stopped at the release request; the release can be retried). `queued` (issue 29): the request
+    waits for capacity (holding none) until admission places it (→ provisioning), it is cancelled
+    (→ released) or its `max_wait` passes (→ failed).
     """
 
     requested = "requested"
@@ -41,6 +43,16 @@ class AllocationStatus(StrEnum):
     released = "released"
     failed = "failed"
     release_failed = "release_failed"
+    queued = "queued"
+
+
+class PendingReason(StrEnum):
+    """Why a `queued` allocation is not running yet."""
+
+    no_capacity = "no_capacity"  # no ready host has the shape free now
+    over_limit = "over_limit"  # its project is at its limit (queue limit or GPU quota)
+    over_tenant_limit = "over_tenant_limit"  # its tenant is at its limit in the pool
+    waiting_for_preemption = "waiting_for_preemption"  # borrowed GPUs are being reclaimed for it
 
 
 class InstanceStatus(StrEnum):

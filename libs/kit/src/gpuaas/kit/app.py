@@ -24,7 +24,7 @@ from sqlalchemy import MetaData, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import HTTPConnection
 
-from gpuaas.contracts import TOPICS
+from gpuaas.contracts.emitters import topic_emitters
 from gpuaas.kit import admin, iam, revocation
 from gpuaas.kit.auth import JWKSCache, TokenVerifier
 from gpuaas.kit.consumer import EventConsumer
@@ -262,21 +262,23 @@ def event_keys(
     settings: ServiceSettings, spec: ServiceSpec, subs: Subscriptions
 ) -> tuple[EventSigner | None, EventVerifier]:
     """The service's envelope signer and the producers' public keys. Refuses (ValueError) a service that
-    owns a signed topic without a signing key, or consumes one without its owner's public key."""
+    emits on a signed topic without a signing key, or consumes one without the public key of each service
+    that may emit there (gpuaas.contracts.emitters)."""
     seed = settings.event_signing_key.get_secret_value()
     signer = EventSigner(seed) if seed else None
     verifier = EventVerifier.parse(settings.event_verify_keys)
     for name in sorted(SIGNED_TOPICS):
-        owner = TOPICS[name].owner
-        if owner == spec.name and settings.run_relay and signer is None:
+        emitters = topic_emitters(name)
+        if spec.name.replace("_", "-") in emitters and settings.run_relay and signer is None:
             raise ValueError(
                 f"{spec.name} publishes {name}, whose events are accepted only signed: set "
-                f"GPUAAS_{spec.name.upper()}_EVENT_SIGNING_KEY (base64 of an Ed25519 seed)"
+                f"GPUAAS_{spec.name.upper().replace('-', '_')}_EVENT_SIGNING_KEY (base64 of an Ed25519 seed)"
             )
-        if name in subs.topics and settings.run_consumers and not verifier.trusts(owner):
+        untrusted = sorted(e for e in emitters if not verifier.trusts(e))
+        if name in subs.topics and settings.run_consumers and untrusted:
             raise ValueError(
-                f"{spec.name} consumes {name}, whose events are accepted only signed by {owner}: set "
-                f"GPUAAS_EVENT_VERIFY_KEYS to include `{owner}:<base64 public key>`"
+                f"{spec.name} consumes {name}, whose events are accepted only signed by {', '.join(sorted(emitters))}:"
+                f" set GPUAAS_EVENT_VERIFY_KEYS to include `<service>:<base64 public key>` for {', '.join(untrusted)}"
             )
     return signer, verifier
 

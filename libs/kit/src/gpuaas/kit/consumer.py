@@ -9,9 +9,10 @@ Exactly-once effects on an at-least-once broker:
   `dead_letters` (with an inbox row, so redelivery does not re-run it) and the batch goes on;
 - if the transaction itself fails (database down), nothing is committed and the partitions are
   rewound to the batch start;
-- events of a signed topic (gpuaas.kit.event_signing.SIGNED_TOPICS: identity's) are applied only with
-  a valid signature of the topic's owner; anything else is parked (no inbox row, so a forged copy cannot
-  claim a genuine event's id).
+- events of a signed topic (gpuaas.kit.event_signing.SIGNED_TOPICS: every topic that changes access or
+  money) are applied only from a source the contracts allow for that type (gpuaas.contracts.emitters) with
+  that source's valid signature; anything else is parked with the reason (no inbox row, so a forged copy
+  cannot claim a genuine event's id).
 """
 
 # aiokafka and asyncpg ship no type information, so what this module gets back from them is unknown to the

@@ -1,16 +1,19 @@
-"""Envelope signatures: an event on a topic that grants access is accepted only from the topic's owner.
+"""Envelope signatures: an event on a topic that changes access or money is accepted only from a service the
+contracts allow to emit that type there (gpuaas.contracts.emitters), signed with that service's key.
 
-- A service's relay signs what it publishes on the signed topics with its own Ed25519 key
+- Every service's relay signs what it publishes on the authenticated topics with its own Ed25519 key
   (`GPUAAS_<SERVICE>_EVENT_SIGNING_KEY`, base64 of the 32-byte seed). Ed25519, not HMAC: a consumer holds
-  only public keys, so a compromised consumer cannot forge the owner's events.
+  only public keys, so a compromised consumer cannot forge another service's events.
 - The signature covers the canonical bytes of the envelope: the JSON document without `signature`, keys
   sorted, no spaces, UTF-8 (`canonical_bytes`). It is computed on the document as sent, so fields a
-  consumer's contracts do not know are covered too.
+  consumer's contracts do not know are covered too (the `source` and `type` included).
 - `envelope.signature` = `ed25519:<kid>:<base64 signature>`; kid = first 16 hex digits of the SHA-256 of
   the public key, so a key's id is never configured by hand.
-- Consumers verify the topics in `SIGNED_TOPICS` against the public keys of the topic's owner
-  (`GPUAAS_EVENT_VERIFY_KEYS` = `service:base64(public key)[,...]`; several per service while rotating):
-  an unsigned event, another service's signature, or a wrong one is dead-lettered, never applied.
+- Consumers check two things on the topics in `SIGNED_TOPICS`: the envelope's `source` may emit its `type`
+  on that topic (`emitters.may_emit`), and the signature verifies under one of that source's public keys
+  (`GPUAAS_EVENT_VERIFY_KEYS` = `service:base64(public key)[,...]`; several per service while rotating).
+  An unsigned event, one signed by another service's key, a wrong signature, or a genuine signature of a
+  service that may not emit that type there is dead-lettered with the reason, never applied.
 """
 
 from __future__ import annotations
@@ -27,15 +30,16 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from gpuaas.contracts.registry import IDENTITY, TOPICS
+from gpuaas.contracts.emitters import AUTHENTICATED_TOPICS, emitters_of
 
-# Topics whose events grant access: their consumers accept only events signed by the topic's owner.
-SIGNED_TOPICS = frozenset({IDENTITY})
+# Topics whose events change access or money: their consumers accept only signed events of a listed emitter.
+SIGNED_TOPICS = AUTHENTICATED_TOPICS
 ALGORITHM = "ed25519"
 
 
 class SignatureError(ValueError):
-    """An event on a signed topic is unsigned, signed by someone else, or its signature does not verify."""
+    """An event on a signed topic is unsigned, signed by someone else, its signature does not verify, or its
+    source may not emit its type on that topic."""
 
 
 def canonical_bytes(doc: Mapping[str, Any]) -> bytes:
@@ -113,18 +117,21 @@ class EventVerifier:
         return bool(self.keys.get(service))
 
     def verify(self, topic: str, doc: Mapping[str, Any]) -> None:
-        """Raise SignatureError unless `doc` (the envelope as received) is signed by `topic`'s owner."""
-        owner = TOPICS[topic].owner
-        if doc.get("source") != owner:
-            raise SignatureError(f"event source {doc.get('source')!r} is not {owner!r}, the owner of {topic}")
+        """Raise SignatureError unless `doc` (the envelope as received) comes from a service that may emit its
+        type on `topic` and carries that service's valid signature."""
+        source, event_type = doc.get("source"), doc.get("type")
+        allowed = emitters_of(topic, str(event_type))
+        if not isinstance(source, str) or source not in allowed:
+            only = ", ".join(sorted(allowed)) or "nobody"
+            raise SignatureError(f"source {source!r} may not emit {event_type!r} on {topic} (only {only})")
         signature = doc.get("signature")
         if not isinstance(signature, str):
-            raise SignatureError(f"unsigned event on {topic} (only {owner!r}'s signed events are accepted)")
+            raise SignatureError(f"unsigned event on {topic} (only {source!r}'s signed events are accepted)")
         alg, _, rest = signature.partition(":")
         kid, _, b64 = rest.partition(":")
-        public = self.keys.get(owner, {}).get(kid)
+        public = self.keys.get(source, {}).get(kid)
         if alg != ALGORITHM or public is None:
-            raise SignatureError(f"event on {topic} signed with key {kid!r}, not a key of {owner!r}")
+            raise SignatureError(f"event on {topic} signed with key {kid!r}, not a key of {source!r}")
         try:
             public.verify(base64.b64decode(b64, validate=True), canonical_bytes(doc))
         except (InvalidSignature, binascii.Error, ValueError):

@@ -65,6 +65,8 @@ PERMISSIONS: dict[str, frozenset[Role]] = {
     "allocations.ssh_grant.manage": ADMIN,
     "allocations.volume.manage": WRITE,
     "allocations.quota.manage": TENANT_ADMIN,
+    "allocations.queue.manage": TENANT_ADMIN,  # a tenant's project queues (inside the tenant's share)
+    "allocations.queue.operate": OPERATOR,  # tenant queues and the pool-wide queue view
     "allocations.host.manage": OPERATOR,
     "allocations.host.read": OPERATOR,
     # catalog

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from gpuaas.contracts import TOPICS
+from gpuaas.contracts.emitters import SERVICES
 from gpuaas.kit.app import KitRuntime, ServiceSpec, create_app
 from gpuaas.kit.event_signing import EventSigner, generate_seed, public_of
 from gpuaas.kit.migrate import upgrade
@@ -27,7 +27,8 @@ _TEST_SEEDS: dict[str, str] = {}
 
 
 def event_seed_of(service: str) -> str:
-    return _TEST_SEEDS.setdefault(service, generate_seed())
+    # One key per emitter name: app-runtime's spec is `app_runtime`, its events' source `app-runtime`.
+    return _TEST_SEEDS.setdefault(service.replace("_", "-"), generate_seed())
 
 
 def event_signer_of(service: str) -> EventSigner:
@@ -36,8 +37,7 @@ def event_signer_of(service: str) -> EventSigner:
 
 
 def trusted_event_keys() -> str:
-    owners = sorted({t.owner for t in TOPICS.values() if t.owner != "*"})
-    return ",".join(f"{o}:{public_of(event_seed_of(o))}" for o in owners)
+    return ",".join(f"{s}:{public_of(event_seed_of(s))}" for s in SERVICES)
 
 
 def key_settings(service: str) -> dict[str, str]:

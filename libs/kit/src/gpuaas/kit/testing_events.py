@@ -67,11 +67,9 @@ async def publish(bootstrap: str, events: Sequence[Event], security: Mapping[str
 
 
 def signed_payload(event: Event) -> bytes:
-    """The bytes the event's producer would publish: signed with the test key of the topic's owner (as its
+    """The bytes the event's producer would publish: signed with the test key of its source (as that service's
     relay signs), so that test apps, which trust the test keys, accept it."""
-    owner = topic_of(event).owner
-    payload = event.model_dump_json().encode()
-    return payload if owner == "*" else event_signer_of(owner).sign_payload(payload)
+    return event_signer_of(event.source).sign_payload(event.model_dump_json().encode())
 
 
 # ---------------------------------------------------------------------------- identity, as services see it

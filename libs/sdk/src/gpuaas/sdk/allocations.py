@@ -1,11 +1,19 @@
-"""Allocations: hosts (operators), allocations and their timeline, SSH keys and grants, volumes."""
+"""Allocations: hosts (operators), allocations and their timeline, SSH keys and grants, volumes, capacity queues."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from gpuaas.sdk.models import Allocation, AllocationTimelineEntry, RuntimeOption, SshGrant, SshKey, Volume
+from gpuaas.sdk.models import (
+    Allocation,
+    AllocationTimelineEntry,
+    CapacityQueue,
+    RuntimeOption,
+    SshGrant,
+    SshKey,
+    Volume,
+)
 from gpuaas.sdk.transport import Id, Transport, s
 
 ALLOCATIONS = "/api/allocations"
@@ -36,9 +44,14 @@ class AllocationsApi(Transport):
         volume_ids: Sequence[Id] = (),
         runtime: str | None = None,
         idempotency_key: str | None = None,
+        queue: bool = True,
+        priority: int = 0,
+        max_wait: int | None = None,
     ) -> Allocation:
         """`runtime`: the runtime image, as "slug" (its newest active version), "slug@version" or
-        "sha256:<hex>" (an active runtime's digest); None lets the host class / platform default apply."""
+        "sha256:<hex>" (an active runtime's digest); None lets the host class / platform default apply.
+        `queue`: wait `queued` (pending_reason, queue_position) when it cannot be placed now, else 409;
+        `priority` (-100..100) orders it in its project's queue; `max_wait`: seconds before a queued one fails."""
         body: dict[str, Any] = {
             "name": name,
             "shape": shape,
@@ -49,10 +62,43 @@ class AllocationsApi(Transport):
         }
         if runtime is not None:  # only when chosen: the body stays what older platforms accept
             body["runtime"] = runtime
+        if not queue:
+            body["queue"] = False
+        if priority:
+            body["priority"] = priority
+        if max_wait is not None:
+            body["max_wait"] = max_wait
         data = await self.request(
             "POST", f"{ALLOCATIONS}/projects/{project_id}/allocations", json=body, idempotency_key=idempotency_key
         )
         return Allocation.model_validate(data)
+
+    async def queues(self, gpu_model: str | None = None) -> list[CapacityQueue]:
+        """Every capacity queue of each pool (operators): usage against guarantee, limit and weight."""
+        params = None if gpu_model is None else {"gpu_model": gpu_model}
+        return [
+            CapacityQueue.model_validate(q) for q in await self.request("GET", f"{ALLOCATIONS}/queues", params=params)
+        ]
+
+    async def project_queue(self, project_id: Id, gpu_model: str) -> CapacityQueue:
+        data = await self.request("GET", f"{ALLOCATIONS}/projects/{project_id}/queues/{gpu_model}")
+        return CapacityQueue.model_validate(data)
+
+    async def set_queue(
+        self,
+        scope: str,
+        scope_id: Id,
+        gpu_model: str,
+        *,
+        guarantee: int = 0,
+        limit: int | None = None,
+        lend_limit: int | None = None,
+        weight: float = 1.0,
+    ) -> CapacityQueue:
+        """Set a tenant's (`scope="tenant"`, operators) or a project's (`scope="project"`, tenant admins) queue."""
+        body = {"guarantee": guarantee, "limit": limit, "lend_limit": lend_limit, "weight": weight}
+        data = await self.request("PUT", f"{ALLOCATIONS}/{scope}s/{scope_id}/queues/{gpu_model}", json=body)
+        return CapacityQueue.model_validate(data)
 
     async def allocations(self, project_id: Id, *, include_released: bool = False) -> list[Allocation]:
         data = await self.request(

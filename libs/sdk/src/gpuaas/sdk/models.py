@@ -96,7 +96,9 @@ class AllocationNetwork(_Model):
 class AllocationStatus(StrEnum):
     """Allocation lifecycle (ARCHITECTURE §6). requested → provisioning → active ⇄ restarting | resizing → releasing
     → released; `failed` when provisioning fails; `release_failed` when release fails (billing has already stopped
-    at the release request; the release can be retried).
+    at the release request; the release can be retried). `queued` (issue 29): the request waits for capacity
+    (holding none) until admission places it (→ provisioning), it is cancelled (→ released) or its `max_wait`
+    passes (→ failed).
     """
 
     requested = "requested"
@@ -108,6 +110,7 @@ class AllocationStatus(StrEnum):
     released = "released"
     failed = "failed"
     release_failed = "release_failed"
+    queued = "queued"
 
 
 class CapacityShape(StrEnum):
@@ -115,6 +118,27 @@ class CapacityShape(StrEnum):
 
     baremetal = "baremetal"
     gpu_slice = "gpu_slice"
+
+
+class PendingReason(StrEnum):
+    """Why a `queued` allocation is not running yet."""
+
+    no_capacity = "no_capacity"
+    over_limit = "over_limit"
+    over_tenant_limit = "over_tenant_limit"
+    waiting_for_preemption = "waiting_for_preemption"
+
+
+class PreemptionNotice(_Model):
+    """A preemption scheduled for an allocation (issue 29): it stops at `deadline` (SIGTERM, then SIGKILL after the
+    stop timeout) and its GPUs go to `for_allocation_id`; `on_preemption` says what happens to it then.
+    """
+
+    deadline: datetime
+    reason: str
+    for_allocation_id: uuid.UUID
+    on_preemption: Literal["requeue", "release"] = "release"
+    scheduled_at: datetime
 
 
 class RuntimeRef(_Model):
@@ -200,6 +224,12 @@ class Allocation(_Model):
     limits: AllocationLimits | None = None
     workload: WorkloadSpec | None = None
     workload_endpoint: WorkloadEndpoint | None = None
+    pending_reason: PendingReason | None = None
+    queue_position: int | None = None
+    priority: int = 0
+    max_wait_s: int | None = None
+    preemption: PreemptionNotice | None = None
+    requeued_from: uuid.UUID | None = None
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str
     awaiting_release_clearance: bool = False
@@ -274,6 +304,29 @@ class RuntimeOption(_Model):
     digest: str
     display_name: str
     state: str
+
+
+class CapacityQueue(_Model):
+    """A capacity queue of one pool (GPU model) with its usage now. Without settings (`queue_id` null, `version` 0)
+    the defaults apply: no guarantee, no limit, weight 1.
+    """
+
+    queue_id: uuid.UUID | None
+    scope: Literal["tenant", "project"]
+    scope_id: uuid.UUID
+    tenant_id: uuid.UUID
+    gpu_model: str
+    guarantee: int = 0
+    limit: int | None = None
+    lend_limit: int | None = None
+    weight: float = 1.0
+    version: int = 0
+    in_use: int = 0
+    borrowed: int = 0
+    lent: int = 0
+    waiting: int = 0
+    waiting_gpus: int = 0
+    pending_reasons: dict[str, int] = Field(default_factory=dict)
 
 
 class Manifest(_Model):
@@ -556,6 +609,7 @@ __all__ = [
     "Artifact",
     "ArtifactKind",
     "ArtifactLifecycle",
+    "CapacityQueue",
     "CapacityShape",
     "Check",
     "Claim",
@@ -576,7 +630,9 @@ __all__ = [
     "Operation",
     "OperationKind",
     "OperationStatus",
+    "PendingReason",
     "PlacementIntent",
+    "PreemptionNotice",
     "Project",
     "ProjectCost",
     "Role",

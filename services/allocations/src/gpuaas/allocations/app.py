@@ -8,7 +8,7 @@ from gpuaas.allocations import SERVICE, api
 from gpuaas.allocations.handlers import subscriptions
 from gpuaas.allocations.metrics import AllocationsMetrics
 from gpuaas.allocations.models import metadata
-from gpuaas.allocations.reconciler import listen_for_tasks, reconciler
+from gpuaas.allocations.reconciler import admission_loop, listen_for_tasks, reconciler
 from gpuaas.allocations.runtime import start_runtime
 from gpuaas.allocations.settings import Settings
 from gpuaas.kit.app import ServiceSpec
@@ -23,7 +23,7 @@ SPEC = ServiceSpec(
     metadata=metadata,
     on_startup=[start_runtime],
     secrets_at_rest=True,  # the terminal SSH CA key
-    background=[reconciler, listen_for_tasks],
+    background=[reconciler, listen_for_tasks, admission_loop],
     metrics=AllocationsMetrics,
     description="GPU hosts, placement, the allocation lifecycle, SSH access, storage and the browser terminal.",
 )

@@ -15,7 +15,13 @@ from gpuaas.kit.problems import Conflict, Unprocessable
 
 # FROM -> allowed TO (ARCHITECTURE §6). `failed` and `released` are final.
 TRANSITIONS: dict[AllocationStatus, frozenset[AllocationStatus]] = {
-    AllocationStatus.requested: frozenset({AllocationStatus.provisioning, AllocationStatus.failed}),
+    AllocationStatus.requested: frozenset(
+        {AllocationStatus.provisioning, AllocationStatus.queued, AllocationStatus.failed}
+    ),
+    # Waiting for capacity (issue 29): admitted with a placement, failed past max_wait, released on cancel.
+    AllocationStatus.queued: frozenset(
+        {AllocationStatus.provisioning, AllocationStatus.failed, AllocationStatus.released}
+    ),
     AllocationStatus.provisioning: frozenset({AllocationStatus.active, AllocationStatus.failed}),
     AllocationStatus.active: frozenset(
         {AllocationStatus.restarting, AllocationStatus.resizing, AllocationStatus.releasing}
@@ -28,7 +34,7 @@ TRANSITIONS: dict[AllocationStatus, frozenset[AllocationStatus]] = {
     AllocationStatus.failed: frozenset(),
 }
 
-# Statuses that hold GPUs on a host (and count against the project quota).
+# Statuses that hold GPUs on a host (and count against the project quota); `queued` holds none.
 HOLDS_CAPACITY = frozenset(
     {
         AllocationStatus.requested,
@@ -52,6 +58,44 @@ def check_transition(current: str, target: AllocationStatus, *, action: str) -> 
             code="invalid_state_transition",
             current_status=frm.value,
             requested=target.value,
+        )
+
+
+def check_queue_figures(*, guarantee: int, limit: int | None, lend_limit: int | None, weight: float) -> None:
+    """A capacity queue's own figures (issue 29): nothing negative, a guarantee within the limit, a positive
+    weight, and no more lent than guaranteed."""
+    if guarantee < 0 or (limit is not None and limit < 0) or (lend_limit is not None and lend_limit < 0):
+        raise Unprocessable("queue figures cannot be negative", code="invalid_queue")
+    if limit is not None and guarantee > limit:
+        raise Unprocessable(f"the guarantee ({guarantee}) is above the limit ({limit})", code="guarantee_above_limit")
+    if lend_limit is not None and lend_limit > guarantee:
+        raise Unprocessable(
+            f"lend_limit ({lend_limit}) is above the guarantee ({guarantee}): only unused guarantee can be lent",
+            code="invalid_queue",
+        )
+    if not weight > 0:
+        raise Unprocessable("the weight must be above 0", code="invalid_queue")
+
+
+def check_project_share(
+    *, tenant_guarantee: int, tenant_limit: int | None, other_projects_guarantee: int, guarantee: int, limit: int | None
+) -> None:
+    """A tenant's admins divide the tenant's share among its projects, never beyond it: the projects'
+    guarantees sum to at most the tenant's guarantee, and no project's limit is above the tenant's (a
+    project without a limit is still held to its tenant's by admission)."""
+    if other_projects_guarantee + guarantee > tenant_guarantee:
+        raise Unprocessable(
+            f"the tenant's projects would be guaranteed {other_projects_guarantee + guarantee} GPUs of this model; "
+            f"the tenant is guaranteed {tenant_guarantee}",
+            code="project_guarantees_above_tenant",
+            tenant_guarantee=tenant_guarantee,
+            other_projects=other_projects_guarantee,
+        )
+    if tenant_limit is not None and limit is not None and limit > tenant_limit:
+        raise Unprocessable(
+            f"the project's limit ({limit}) is above the tenant's limit ({tenant_limit})",
+            code="project_limit_above_tenant",
+            tenant_limit=tenant_limit,
         )
 
 

@@ -1,4 +1,7 @@
-"""Events allocations consumes from app-runtime (in the consumer's transaction; no network).
+"""Events allocations consumes from app-runtime and identity (in the consumer's transaction; no network).
+
+- identity: a user disabled or a membership revoked: that person's keys leave every live allocation and the
+  agent closes their open SSH sessions (service/access.py `access_of_user_changed`);
 
 - access grants: the instance controller's public key becomes SSH grants on the listed allocations;
 - members: a projection of which allocations carry live app members (release saga);
@@ -16,9 +19,24 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaas.allocations import service
 from gpuaas.contracts.events import app_runtime as app_runtime_events
 from gpuaas.contracts.events import catalog as catalog_events
+from gpuaas.contracts.events import identity as identity_events
 from gpuaas.kit.subscriptions import Subscriptions
 
 subscriptions = Subscriptions()
+
+
+@subscriptions.on(identity_events.UserUpdated)
+async def on_user_updated(session: AsyncSession, e: identity_events.UserUpdated) -> None:
+    """A disabled user's keys leave every live allocation (kit.iam has projected the status already)."""
+    await service.access_of_user_changed(session, e.data.user_id, f"user {e.data.status}")
+
+
+@subscriptions.on(identity_events.MembershipRevoked, identity_events.MembershipChanged)
+async def on_membership_changed(
+    session: AsyncSession, e: identity_events.MembershipRevoked | identity_events.MembershipChanged
+) -> None:
+    """A member removed from a project (or its tenant) loses SSH into the project's allocations."""
+    await service.access_of_user_changed(session, e.data.user_id, f"membership {e.type.split('.')[-1]}")
 
 
 @subscriptions.on(app_runtime_events.AccessGrantRequested, app_runtime_events.AccessGrantUpdated)

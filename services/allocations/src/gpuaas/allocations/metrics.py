@@ -49,6 +49,32 @@ class AllocationsMetrics:
             buckets=SLOW_BUCKETS,
             registry=registry,
         )
+        # The capacity queue (issue 29), per pool (GPU model).
+        self.waiting = Gauge(
+            "gpuaas_capacity_waiting_requests",
+            "Allocations queued for capacity, by GPU model (pool) and pending reason",
+            ["gpu_model", "reason"],
+            registry=registry,
+        )
+        self.wait = Histogram(
+            "gpuaas_capacity_wait_seconds",
+            "Time a queued allocation waited before admission, by GPU model",
+            ["gpu_model"],
+            buckets=(0.1, 0.5, *SLOW_BUCKETS),
+            registry=registry,
+        )
+        self.admissions = Counter(
+            "gpuaas_capacity_admissions_total",
+            "Queued allocations admitted (placed and provisioning) by the admission runner, by GPU model",
+            ["gpu_model"],
+            registry=registry,
+        )
+        self.preemptions = Counter(
+            "gpuaas_capacity_preemptions_total",
+            "Preemptions by GPU model and step: scheduled (notice given), stopped at the deadline, called off",
+            ["gpu_model", "step"],
+            registry=registry,
+        )
         self.heartbeat_losses = Counter(
             "gpuaas_host_heartbeat_losses_total",
             "Hosts marked unreachable because their agent stopped heartbeating",
@@ -71,6 +97,13 @@ class AllocationsMetrics:
         by_status = dict(
             (await session.execute(select(allocations.c.status, func.count()).group_by(allocations.c.status))).all()
         )
+        queued = (
+            await session.execute(
+                select(allocations.c.gpu_model, allocations.c.pending_reason, func.count())
+                .where(allocations.c.status == AllocationStatus.queued)
+                .group_by(allocations.c.gpu_model, allocations.c.pending_reason)
+            )
+        ).all()
         gpus: dict[tuple[str, str], int] = {}
         host_counts: dict[tuple[str, str], int] = {}
         for host_id, host_class, status, total in host_rows:
@@ -93,6 +126,9 @@ class AllocationsMetrics:
             self.hosts.labels(cls, status).set(n)
         for status in AllocationStatus:
             self.allocations.labels(status.value).set(by_status.get(status.value, 0))
+        self.waiting.clear()
+        for model, reason, n in queued:
+            self.waiting.labels(model, reason or "unknown").set(n)
 
 
 def refused(session: AsyncSession, reason: str) -> None:
@@ -111,3 +147,20 @@ def activated(session: AsyncSession, requested_at: datetime, activated_at: datet
 def heartbeat_lost(session: AsyncSession, hosts_lost: int) -> None:
     if hosts_lost and (m := metrics_of(session, AllocationsMetrics)):
         after_commit(session, lambda: m.heartbeat_losses.inc(hosts_lost))
+
+
+def admitted(session: AsyncSession, gpu_model: str, waited_s: float) -> None:
+    """A queued allocation admitted: its wait, counted once the admission commits."""
+    if m := metrics_of(session, AllocationsMetrics):
+
+        def record() -> None:
+            m.admissions.labels(gpu_model).inc()
+            m.wait.labels(gpu_model).observe(waited_s)
+
+        after_commit(session, record)
+
+
+def preemption(session: AsyncSession, gpu_model: str, step: str) -> None:
+    """A preemption scheduled, stopped or called off (issue 29), counted once the step commits."""
+    if m := metrics_of(session, AllocationsMetrics):
+        after_commit(session, lambda: m.preemptions.labels(gpu_model, step).inc())

@@ -144,9 +144,31 @@ allocations = Table(
     Column("limits", JSONB),
     Column("release_evidence", JSONB),
     Column("network", JSONB),  # where the project's other allocations reach it (agent-reported; container hosts)
+    # The capacity queue (issue 29): why and where a `queued` request waits, its order inside its project's
+    # queue, when it gives up, what happens to it when preempted, and the runtime it asked for (resolved
+    # against its host at admission).
+    Column("pending_reason", Text),
+    Column("queue_position", Integer),
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("max_wait_s", Integer),
+    Column("enqueued_at", DateTime(timezone=True)),
+    Column("on_preemption", Text, nullable=False, server_default="release"),
+    Column("requested_runtime", Text),
+    # Preemption with notice (issue 29): when a scheduled preemption stops it, for which waiting request, why;
+    # `preempted_for` stays after the stop until that request is admitted (the freed GPUs are held for it).
+    # A requeued victim's new request names the stopped allocation in `requeued_from`.
+    Column("preempt_deadline", DateTime(timezone=True)),
+    Column("preempted_for", UUID(as_uuid=True)),
+    Column("preemption_reason", Text),
+    Column("preemption_scheduled_at", DateTime(timezone=True)),
+    Column("requeued_from", UUID(as_uuid=True)),
     # The list endpoints: newest first, per project or across the principal's projects.
     Index("ix_allocations_project_requested", "project_id", text("requested_at DESC"), text("allocation_id DESC")),
     Index("ix_allocations_requested", text("requested_at DESC"), text("allocation_id DESC")),
+    # The admission runner's read: the waiting requests of one pool.
+    Index("ix_allocations_queued", "gpu_model", "enqueued_at", postgresql_where=text("status = 'queued'")),
+    Index("ix_allocations_preempt_deadline", "preempt_deadline", postgresql_where=text("preempt_deadline IS NOT NULL")),
+    Index("ix_allocations_preempted_for", "preempted_for", postgresql_where=text("preempted_for IS NOT NULL")),
 )
 
 gpu_assignments = Table(
@@ -272,6 +294,26 @@ quotas = Table(
     Column("tenant_id", UUID(as_uuid=True), nullable=False),
     Column("max_gpus", Integer, nullable=False),
     Column("version", Integer, nullable=False, server_default="1"),
+)
+
+# Capacity queues (issue 29), per pool (GPU model): a tenant's (operators set it) or a project's (its tenant's
+# admins divide the tenant's share). A project's GPU quota (`quotas`) still caps it across models.
+capacity_queues = Table(
+    "capacity_queues",
+    metadata,
+    Column("queue_id", UUID(as_uuid=True), primary_key=True),
+    Column("scope", Text, nullable=False),  # 'tenant' | 'project'
+    Column("scope_id", UUID(as_uuid=True), nullable=False),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("gpu_model", Text, nullable=False),
+    Column("guarantee", Integer, nullable=False, server_default="0"),
+    Column("limit", Integer),
+    Column("lend_limit", Integer),
+    Column("weight", Float, nullable=False, server_default="1"),
+    Column("version", Integer, nullable=False, server_default="1"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("uq_capacity_queues_scope_model", "scope", "scope_id", "gpu_model", unique=True),
+    Index("ix_capacity_queues_model_tenant", "gpu_model", "tenant_id"),
 )
 
 # Projection of app-runtime members (which allocations have app members that must stop first).

@@ -59,6 +59,8 @@ class SshCa:
 @dataclass
 class AllocationsRuntime:
     wakeups: Wakeups = field(default_factory=Wakeups)
+    # Set when capacity or demand changed (NOTIFY allocations_admission, any replica): the admission loop runs.
+    admission_poke: asyncio.Event = field(default_factory=asyncio.Event)
     ssh_ca: SshCa | None = None
 
     @property

@@ -19,5 +19,17 @@ class Settings(ServiceSettings):
     # (recorded on the timeline as forced).
     release_clearance_timeout_s: float = 300.0
     reconcile_interval_s: float = 2.0
+    # Capacity queue (issue 29): the admission loop runs on every wake-up (a release, a new queued request,
+    # a host ready or uncordoned, a queue change) and at least this often (max_wait expiry, lost wake-ups).
+    admission_resync_s: float = 2.0
+    # Preemption with notice (issue 29): a queue below its guarantee may reclaim GPUs others borrowed. Only
+    # guarantees trigger it (with none set anywhere nothing is ever preempted); false: never preempt.
+    preemption_enabled: bool = True
+    # A running allocation is never preempted before it has run this long.
+    preemption_min_runtime_s: float = 600.0
+    # The notice before the stop: event, timeline, /run/gpuaas/preemption in the allocation, its SSH sessions.
+    preemption_grace_s: float = 120.0
+    # At the deadline: SIGTERM, then SIGKILL after this many seconds (podman stop -t).
+    preemption_stop_timeout_s: float = 10.0
     # Browser terminal: lifetime of the platform's per-session SSH certificate.
     terminal_cert_ttl_s: int = 120

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -76,6 +76,28 @@ class SshKey(BaseModel):
     public_key: str
     fingerprint: str
     created_at: datetime
+
+
+class CapacityQueue(BaseModel):
+    """A capacity queue of one pool (GPU model) with its usage now. Without settings (`queue_id` null,
+    `version` 0) the defaults apply: no guarantee, no limit, weight 1."""
+
+    queue_id: uuid.UUID | None
+    scope: Literal["tenant", "project"]
+    scope_id: uuid.UUID
+    tenant_id: uuid.UUID
+    gpu_model: str
+    guarantee: int = 0
+    limit: int | None = None
+    lend_limit: int | None = None
+    weight: float = 1.0
+    version: int = 0
+    in_use: int = Field(0, description="GPUs of this model its allocations hold")
+    borrowed: int = Field(0, description="GPUs held above its guarantee")
+    lent: int = Field(0, description="GPUs of its unused (lendable) guarantee that others' borrowing uses now")
+    waiting: int = Field(0, description="requests queued for this model")
+    waiting_gpus: int = 0
+    pending_reasons: dict[str, int] = Field(default_factory=dict, description="waiting requests by reason")
 
 
 class Quota(BaseModel):

@@ -33,8 +33,9 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
-from gpuaas.node_agent import cdi, safefs, workload
-from gpuaas.node_agent.drivers.base import Driver, DriverError, SessionCommand
+from gpuaas.contracts.agent import OverlaySpec
+from gpuaas.node_agent import cdi, overlay, safefs, workload
+from gpuaas.node_agent.drivers.base import SESSION_MARK, Driver, DriverError, SessionCommand
 from gpuaas.node_agent.firewall import EgressPolicy
 from gpuaas.node_agent.podman import ContainerInfo, Podman, PodmanError
 from gpuaas.node_agent.project_network import NetworkError, ProjectNetworks, network_name
@@ -59,6 +60,13 @@ SUDO = "/usr/local/bin/sudo"
 
 def container_name(allocation_id: str) -> str:
     return f"gpuaas-{allocation_id}"
+
+
+def _segment(ws: Workspace) -> OverlaySpec | None:
+    """The allocation's place on its project's overlay (its task's `overlay`), if it has an address there."""
+    raw = ws.meta.get("overlay")
+    segment = OverlaySpec.model_validate(raw) if raw else None
+    return segment if segment is not None and segment.address is not None else None
 
 
 def _host_base(mapping: list[str] | None) -> int | None:
@@ -156,11 +164,14 @@ class ContainerDriver(Driver):
         user = ws.username
         if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user):
             raise DriverError(f"username {user!r} is not a valid account name")
+        address = (segment := _segment(ws)) and segment.address
+        member = ["--ip", str(address), "--mac-address", overlay.member_mac(address)] if address else []
         args = [
             "--userns",
             f"auto:size={USERNS_SIZE}",
             "--network",
             network_name(meta.get("project_id")) or "slirp4netns",
+            *member,  # the address the allocations service gave it on the project's overlay (kept for its life)
             "--hostname",
             self.hostname(ws),
             "--env",
@@ -208,7 +219,7 @@ class ContainerDriver(Driver):
             command = [SUDO, "--gpuaas-serve", str(USER_UID), "--", *workload.command(spec, ws.username, USER_UID)]
         network = network_name(ws.meta.get("project_id"))
         try:  # --pull=never: images come only through ensure_image's checked pull
-            async with self._network(network):
+            async with self._network(network, _segment(ws)):
                 await self.podman.run("run", "-d", "--pull=never", "--name", name, *label_args, *args, image, *command)
         except PodmanError as exc:
             self._verified.discard(image)  # re-checked next time (e.g. removed from local storage meanwhile)
@@ -248,14 +259,14 @@ class ContainerDriver(Driver):
         return path
 
     @contextlib.asynccontextmanager
-    async def _network(self, network: str | None) -> AsyncGenerator[None, None]:
+    async def _network(self, network: str | None, segment: OverlaySpec | None = None) -> AsyncGenerator[None, None]:
         """The project's network exists (contained: firewall.py) while a container is attached to it."""
         if network is None:
             yield
             return
         async with self.networks.locked(network):
             try:
-                await self.networks.ensure(network)
+                await self.networks.ensure(network, segment)
             except (NetworkError, PodmanError) as exc:
                 raise DriverError(str(exc)) from exc
             yield
@@ -269,6 +280,23 @@ class ContainerDriver(Driver):
         except (NetworkError, PodmanError, OSError) as exc:  # the next release or agent start tries again
             log.warning("project network %s not removed: %s", network, exc)
 
+    async def sync_overlay(self, project_id: str, segment: OverlaySpec) -> int | None:
+        network = network_name(project_id)
+        if network is None:
+            return None
+        try:
+            async with self.networks.locked(network):
+                return await self.networks.join_overlay(network, segment)
+        except (NetworkError, PodmanError) as exc:
+            raise DriverError(str(exc)) from exc
+
+    async def _join_overlay(self, ws: Workspace) -> None:
+        """After a start: the bridge in the project's segment, the names in every member's /etc/hosts (podman
+        writes the file afresh when it starts a container)."""
+        segment, project = _segment(ws), ws.meta.get("project_id")
+        if segment is not None and project:
+            await self.sync_overlay(str(project), segment)
+
     @staticmethod
     def hostname(ws: Workspace) -> str:
         # The id's random tail, not its head: ids are time-ordered (UUIDv7), so allocations created within a
@@ -281,7 +309,8 @@ class ContainerDriver(Driver):
         if network is None:
             return None
         address = await self.networks.address(container_name(ws.allocation_id), network)
-        return {"name": network, "address": address, "hostname": self.hostname(ws), "scope": "host"}
+        scope = "project" if _segment(ws) else "host"  # across the project's hosts, or this host's only
+        return {"name": network, "address": address, "hostname": self.hostname(ws), "scope": scope}
 
     async def _wait_user(self, ws: Workspace, info: ContainerInfo, timeout_s: float = 60) -> None:
         """Until gpuaas-init has finished: its last step writes /etc/sudoers.d/gpuaas-<user>, seen in the
@@ -395,15 +424,19 @@ class ContainerDriver(Driver):
 
     async def provision(self, ws: Workspace) -> str:
         try:
-            return await self._ensure(ws)
+            message = await self._ensure(ws)
         except PodmanError as exc:
             raise DriverError(str(exc)) from exc
+        await self._join_overlay(ws)
+        return message
 
     async def restart(self, ws: Workspace) -> str:
         try:
-            return await self._ensure(ws, restart=True)
+            message = await self._ensure(ws, restart=True)
         except PodmanError as exc:
             raise DriverError(str(exc)) from exc
+        await self._join_overlay(ws)
+        return message
 
     async def apply(self, ws: Workspace, dropped_mounts: list[str]) -> str:
         return await self.provision(ws)  # a changed spec recreates the container; the same one is kept
@@ -432,6 +465,21 @@ class ContainerDriver(Driver):
         if failed:
             raise DriverError(f"release verification failed ({', '.join(failed)}): {'; '.join(evidence['checked'])}")
         return evidence
+
+    async def stop(self, ws: Workspace, timeout_s: float) -> None:
+        # podman stop: SIGTERM (the image's StopSignal), SIGKILL after -t seconds; the release then removes it.
+        seconds = max(round(timeout_s), 0)
+        name = container_name(ws.allocation_id)
+        await self.podman.run("stop", "-t", str(seconds), name, check=False, timeout_s=seconds + 60)
+
+    async def write_notice(self, ws: Workspace, name: str, body: str) -> str:
+        if not name.replace("_", "").isalnum():  # it goes into a path: the agent's own fixed names only
+            raise DriverError("a notice name is alphanumeric")
+        # As the container's root (it owns /run there); the body is an argument, never part of the script.
+        script = f'mkdir -p /run/gpuaas && printf %s "$1" > /run/gpuaas/.{name} && chmod 644 /run/gpuaas/.{name}'
+        script += f" && mv -f /run/gpuaas/.{name} /run/gpuaas/{name}"
+        await self.podman.exec(container_name(ws.allocation_id), "/bin/sh", "-c", script, "gpuaas-notice", body)
+        return f"/run/gpuaas/{name}"
 
     def _verify(self, name: str, anchors: dict[str, Any], ws: Workspace) -> dict[str, Any]:
         checked: list[str] = []
@@ -523,7 +571,7 @@ class ContainerDriver(Driver):
             log.warning("reconcile: project networks not pruned: %s", exc)
         return report
 
-    def session(self, ws: Workspace, command: str | None, term: str | None) -> SessionCommand:
+    def session(self, ws: Workspace, command: str | None, term: str | None, mark: str = "") -> SessionCommand:
         user = ws.username
         env = {
             "HOME": f"/home/{user}",
@@ -536,9 +584,23 @@ class ContainerDriver(Driver):
         }
         if term:
             env["TERM"] = term
+        if mark:
+            env[SESSION_MARK] = mark
         argv = self.podman.argv("exec", "-i", *(["-t"] if term else []), "--user", user, "--workdir", f"/home/{user}")
         for k, v in env.items():
             argv += ["--env", f"{k}={v}"]
         argv += [container_name(ws.allocation_id), "/bin/sh", "-c", PICK_SHELL, "gpuaas-shell"]
         argv += ["-c", command] if command else ["-i"]
         return SessionCommand(argv, self.podman.env, "/")
+
+    async def end_session(self, ws: Workspace, mark: str) -> None:
+        """Kill, inside the container, every process whose environment carries the session's mark (they were
+        started under conmon: killing the host's `podman exec` client leaves them running)."""
+        if not mark.isalnum():  # it goes into a shell script: the endpoint's hex ids only
+            raise DriverError("a session mark is alphanumeric")
+        script = (
+            "for d in /proc/[0-9]*; do tr '\\0' '\\n' < $d/environ 2>/dev/null"
+            f" | grep -qx '{SESSION_MARK}={mark}' && kill -9 ${{d#/proc/}} 2>/dev/null; done; true"
+        )
+        # As the allocation's user, whose processes these are: the container's root holds no CAP_KILL.
+        await self.podman.exec(container_name(ws.allocation_id), "/bin/sh", "-c", script, user=ws.username)

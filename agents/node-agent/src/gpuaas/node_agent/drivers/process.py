@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuaas.node_agent import safefs
-from gpuaas.node_agent.drivers.base import Driver, DriverError, SessionCommand
+from gpuaas.node_agent.drivers.base import SESSION_MARK, Driver, DriverError, SessionCommand
 from gpuaas.node_agent.workspace import ENV_MARK, Workspace, processes_of
 
 SHELL = shutil.which("bash") or "/bin/sh"
@@ -111,6 +111,28 @@ class ProcessDriver(Driver):
             await asyncio.sleep(0.05)
         return survivors
 
+    async def stop(self, ws: Workspace, timeout_s: float) -> None:
+        """SIGTERM every process of the allocation, then wait up to `timeout_s` for them to exit (the release
+        SIGKILLs what is left)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            cg = self.cgroup(ws)
+            pids = (
+                [p for p in cgroup_pids(cg) if not _zombie(p)] if cg is not None else processes_marked(ws.allocation_id)
+            )
+            if not pids or time.monotonic() >= deadline:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            await asyncio.sleep(0.2)
+
+    async def write_notice(self, ws: Workspace, name: str, body: str) -> str:
+        # No /run of its own: the workspace's home, written without following a link the user may have put there.
+        relative = f".gpuaas-{name}"
+        await asyncio.to_thread(safefs.write_file, ws.home, relative, body.encode())
+        return f"~/{relative}"
+
     async def reconcile(self) -> dict[str, Any]:
         removed: list[dict[str, str]] = []
         if self.cgroups is not None:
@@ -169,7 +191,7 @@ class ProcessDriver(Driver):
             raise DriverError(f"release verification failed: {'; '.join(checked)}")
         return evidence
 
-    def session(self, ws: Workspace, command: str | None, term: str | None) -> SessionCommand:
+    def session(self, ws: Workspace, command: str | None, term: str | None, mark: str = "") -> SessionCommand:
         argv = [SHELL, "-c", command] if command else [SHELL, "-i"] if SHELL.endswith("bash") else [SHELL]
         env = {
             "HOME": str(ws.home),
@@ -183,5 +205,7 @@ class ProcessDriver(Driver):
         }
         if term:
             env["TERM"] = term
+        if mark:
+            env[SESSION_MARK] = mark
         cg = self.cgroup(ws)
         return SessionCommand(argv, env, str(ws.home), cgroup_procs=cg / "cgroup.procs" if cg else None)

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpuaas.contracts.enums import AllocationStatus, CapacityShape
+from gpuaas.contracts.enums import AllocationStatus, CapacityShape, PendingReason
 from gpuaas.contracts.envelope import Event, Payload
 from gpuaas.contracts.scalars import Digest, PinnedRef, Timestamp
 
@@ -124,6 +124,17 @@ class SshEndpoint(Payload):
     username: str = Field(description="the allocation's Unix account")
 
 
+class PreemptionNotice(Payload):
+    """A preemption scheduled for an allocation (issue 29): it stops at `deadline` (SIGTERM, then SIGKILL after
+    the stop timeout) and its GPUs go to `for_allocation_id`; `on_preemption` says what happens to it then."""
+
+    deadline: Timestamp
+    reason: str = Field(max_length=64, description="e.g. reclaim_guarantee")
+    for_allocation_id: uuid.UUID = Field(description="the waiting request the GPUs are freed for")
+    on_preemption: Literal["requeue", "release"] = "release"
+    scheduled_at: Timestamp
+
+
 class AllocationState(Payload):
     aggregate_field = "allocation_id"
 
@@ -165,6 +176,40 @@ class AllocationState(Payload):
     workload_endpoint: WorkloadEndpoint | None = Field(
         default=None, description="set when the workload's health check answered (active allocations)"
     )
+    pending_reason: PendingReason | None = Field(default=None, description="why a `queued` allocation waits")
+    queue_position: int | None = Field(
+        default=None, ge=1, description="1-based place in its project's queue (priority, then age) while queued"
+    )
+    priority: int = Field(default=0, ge=-100, le=100, description="order inside its project's queue (higher first)")
+    max_wait_s: int | None = Field(default=None, ge=1, description="a queued request fails after waiting this long")
+    preemption: PreemptionNotice | None = Field(
+        default=None, description="set from the preemption notice until the stop (issue 29)"
+    )
+    requeued_from: uuid.UUID | None = Field(
+        default=None, description="the preempted allocation this queued request re-runs (on_preemption=requeue)"
+    )
+
+
+class CapacityQueueState(Payload):
+    """A capacity queue of one pool (GPU model): a tenant's (set by operators) or a project's (set by its
+    tenant's admins, inside the tenant's share). GPUs: `guarantee` whenever it asks, at most `limit`
+    (borrowing included; None: no limit), at most `lend_limit` of its unused guarantee lent to others
+    (None: all of it); `weight` divides the borrowable surplus among siblings."""
+
+    aggregate_field = "queue_id"
+
+    queue_id: uuid.UUID
+    scope: Literal["tenant", "project"]
+    scope_id: uuid.UUID = Field(description="the tenant's or the project's id")
+    tenant_id: uuid.UUID
+    project_id: uuid.UUID | None = Field(default=None, description="set on a project queue")
+    gpu_model: str
+    guarantee: int = Field(ge=0)
+    limit: int | None = Field(default=None, ge=0)
+    lend_limit: int | None = Field(default=None, ge=0)
+    weight: float = Field(gt=0)
+    version: int = Field(ge=1)
+    updated_at: Timestamp
 
 
 class SshGrantState(Payload):
@@ -247,6 +292,14 @@ class AllocationRequested(Event):
     """A tenant asked for capacity; not yet placed."""
 
     type: Literal["allocation.requested"] = "allocation.requested"
+    data: AllocationState
+
+
+class AllocationQueued(Event):
+    """No capacity (or its project/tenant is at its limit) now: the request waits in its queue, holding no
+    GPUs, with `pending_reason` and `queue_position`; admission moves it on with `allocation.provisioning`."""
+
+    type: Literal["allocation.queued"] = "allocation.queued"
     data: AllocationState
 
 
@@ -345,6 +398,30 @@ class AllocationAttentionChanged(Event):
     data: AllocationState
 
 
+class AllocationPreemptionScheduled(Event):
+    """The allocation will be preempted: `preemption` holds the deadline, the reason and the request its GPUs
+    are freed for. Its SSH sessions and a file in it (/run/gpuaas/preemption) carry the same notice; at the
+    deadline it is stopped (`allocation.release_requested` ... `allocation.released`; billing stops there)."""
+
+    type: Literal["allocation.preemption_scheduled"] = "allocation.preemption_scheduled"
+    data: AllocationState
+
+
+class AllocationPreemptionCancelled(Event):
+    """A scheduled preemption was called off at its deadline (the request it was for no longer waits): the
+    allocation runs on, `preemption` cleared."""
+
+    type: Literal["allocation.preemption_cancelled"] = "allocation.preemption_cancelled"
+    data: AllocationState
+
+
+class CapacityQueueUpdated(Event):
+    """A capacity queue's settings were set or changed (audited with the change)."""
+
+    type: Literal["capacity_queue.updated"] = "capacity_queue.updated"
+    data: CapacityQueueState
+
+
 class SshGrantCreated(Event):
     """A public key was granted access to an allocation."""
 
@@ -406,6 +483,10 @@ EVENTS: tuple[type[Event], ...] = (
     AllocationFailed,
     AllocationReleaseFailed,
     AllocationAttentionChanged,
+    AllocationQueued,
+    AllocationPreemptionScheduled,
+    AllocationPreemptionCancelled,
+    CapacityQueueUpdated,
     SshGrantCreated,
     SshGrantRevoked,
     VolumeCreated,

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Query, Request
 
 from gpuaas.allocations import service
 from gpuaas.allocations.runtime import AllocationsRuntime
+from gpuaas.allocations.service.overlay import segments_of_host
 from gpuaas.allocations.settings import Settings
 from gpuaas.contracts.agent import (
     AgentRegistered,
@@ -65,7 +66,8 @@ async def register(kit: Kit, request: Request, body: AgentRegistration) -> Agent
 async def heartbeat(kit: Kit, request: Request) -> HeartbeatAck:
     async with kit.sessions() as session, session.begin():
         host = await service.heartbeat(session, _token(request))
-    return HeartbeatAck(host_id=host.host_id, status=host.status)
+        overlays = await segments_of_host(session, host.host_id)  # peers and names follow members (issue 27)
+    return HeartbeatAck(host_id=host.host_id, status=host.status, overlays=overlays)
 
 
 @router.get("/tasks", response_model=list[TaskLease])

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from gpuaas.allocations import domain
-from gpuaas.allocations.views import Allocation, Quota, SshKey, TimelineEntry, VolumeRef
+from gpuaas.allocations.views import Allocation, CapacityQueue, Quota, SshKey, TimelineEntry, VolumeRef
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import GpuDevice, HostState, VolumeState
 from gpuaas.contracts.scalars import Integer, Name, Text
@@ -19,6 +19,7 @@ __all__ = [
     "Allocation",
     "AllocationCreate",
     "AttachBody",
+    "CapacityQueue",
     "CordonBody",
     "GrantCreate",
     "Host",
@@ -28,6 +29,7 @@ __all__ = [
     "HostEnrolment",
     "HostReenrol",
     "HostTenancy",
+    "QueueBody",
     "Quota",
     "QuotaBody",
     "ResizeBody",
@@ -161,6 +163,20 @@ class AllocationCreate(BaseModel):
         "of an offered runtime; places on a container host. None: the host class's default (container hosts)",
         examples=["gpuaas-base", "gpuaas-scipy@1.0.0"],
     )
+    queue: bool = Field(
+        True,
+        description="wait `queued` (with a pending_reason and a queue position) when it cannot be placed now "
+        "or its project is at its quota; false: answer 409 insufficient_capacity / quota_exceeded at once",
+    )
+    priority: Integer = Field(
+        0, ge=-100, le=100, description="order inside its project's queue: higher first, then older (-100..100)"
+    )
+    max_wait: Integer | None = Field(
+        None, ge=1, le=30 * 86400, description="seconds a queued request waits before it fails with its reason"
+    )
+    on_preemption: Literal["requeue", "release"] = Field(
+        "release", description="what happens to it if it is ever preempted: back in the queue, or released"
+    )
 
 
 class ResizeBody(BaseModel):
@@ -203,6 +219,22 @@ class AttachBody(BaseModel):
 
 
 # ------------------------------------------------------------------------------------------------ quotas
+
+
+class QueueBody(BaseModel):
+    """A capacity queue's figures for one pool (GPU model); what is left out takes its default."""
+
+    guarantee: Integer = Field(0, ge=0, le=100_000, description="GPUs it is entitled to whenever it asks")
+    limit: Integer | None = Field(
+        None, ge=0, le=100_000, description="most GPUs it may hold, borrowing included (null: no limit)"
+    )
+    lend_limit: Integer | None = Field(
+        None, ge=0, le=100_000, description="most of its unused guarantee others may borrow (null: all of it)"
+    )
+    weight: float = Field(1.0, gt=0, le=1000, description="its share of the borrowable surplus among its siblings")
+
+    def figures(self) -> dict[str, Any]:
+        return self.model_dump(include={"guarantee", "limit", "lend_limit", "weight"})
 
 
 class QuotaBody(BaseModel):

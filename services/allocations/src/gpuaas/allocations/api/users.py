@@ -70,6 +70,8 @@ def _allocation_change(
     status_code=201,
     tags=["allocations"],
     openapi_extra=action_doc("allocations.create"),
+    description="201 with `status: provisioning` when placed now, or `status: queued` (with `pending_reason` and "
+    "`queue_position`) when it waits for capacity; `queue: false` answers 409 instead of waiting.",
 )
 async def create_allocation(
     kit: Kit, response: Response, project_id: uuid.UUID, body: AllocationCreate, principal: CurrentPrincipal
@@ -88,6 +90,10 @@ async def create_allocation(
             host_class=body.host_class,
             volume_ids=body.volume_ids,
             runtime=body.runtime,
+            queue=body.queue,
+            priority=body.priority,
+            max_wait_s=body.max_wait,
+            on_preemption=body.on_preemption,
         ),
     )
 

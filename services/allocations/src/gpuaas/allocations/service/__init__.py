@@ -14,6 +14,9 @@ One module per area; this package re-exports the use cases, so callers write `se
   figures, an allocation's runtime and limits
 - `agent_tasks`: the agents' task queue and the outcome of each task kind
 - `placement`: free capacity and GPU reservation · `quotas`: project GPU quotas
+- `queues`: capacity queues (tenant and project, per GPU model) and their views · `waiting`: requests queued
+  for capacity (enqueue, position, cancel, max_wait) · `admission_runner`: one pool's admission cycle ·
+  `preemption`: a victim's notice, its stop at the deadline (release or requeue), preemptions under way
 - `lifecycle`: create, list, restart, resize, release · `timeline`: reading the timeline
 - `access`: SSH keys and grants, authorized keys, the terminal's CA and access · `volumes`: storage
 
@@ -24,6 +27,7 @@ view models of `gpuaas.allocations.views`; a change of an allocation answers an 
 
 from gpuaas.allocations.service.access import (
     SYNCABLE,
+    access_of_user_changed,
     add_ssh_key,
     apply_access_grant,
     authorized_keys,
@@ -71,6 +75,13 @@ from gpuaas.allocations.service.lifecycle import (
     resize_allocation,
     restart_allocation,
 )
+from gpuaas.allocations.service.queues import (
+    get_project_queue,
+    get_tenant_queue,
+    list_queues,
+    put_project_queue,
+    put_tenant_queue,
+)
 from gpuaas.allocations.service.quotas import get_quota, set_quota
 from gpuaas.allocations.service.runtimes import (
     offered_runtimes,
@@ -92,6 +103,7 @@ __all__ = [
     "LIVE_MEMBER",
     "SYNCABLE",
     "SYSTEM",
+    "access_of_user_changed",
     "add_ssh_key",
     "agent_host_id",
     "alloc_state",
@@ -114,7 +126,9 @@ __all__ = [
     "enrol_host_unchecked",
     "get_allocation",
     "get_host",
+    "get_project_queue",
     "get_quota",
+    "get_tenant_queue",
     "get_volume",
     "grant_state",
     "hash_token",
@@ -125,6 +139,7 @@ __all__ = [
     "list_grants",
     "list_host_classes",
     "list_hosts",
+    "list_queues",
     "list_ssh_keys",
     "list_volumes",
     "live_app_members",
@@ -134,6 +149,8 @@ __all__ = [
     "open_terminal",
     "overdue_clearances",
     "put_host_class",
+    "put_project_queue",
+    "put_tenant_queue",
     "read_timeline",
     "record_app_member",
     "record_artifact",

@@ -24,14 +24,24 @@ from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Forbidden, NotFound, Problem, Unprocessable
 from gpuaas.kit.outbox import add_event
 from gpuaas.kit.secrets_at_rest import keyring_of, reseal_column
-from gpuaas.kit.tables import iam_memberships
+from gpuaas.kit.tables import iam_memberships, iam_users
 from gpuaas.kit.versioning import check_version
 
 
+async def may_ssh(session: AsyncSession, user_id: uuid.UUID, tenant_id: uuid.UUID, project_id: uuid.UUID) -> bool:
+    """Whether a person's keys may be on an allocation of this project: not disabled (identity's projection),
+    and still a member of the project, of its tenant, or of the platform."""
+    status = (await session.execute(select(iam_users.c.status).where(iam_users.c.user_id == user_id))).scalar()
+    if status == "disabled":
+        return False
+    return await _is_member(session, user_id, tenant_id, project_id, platform_counts=True)
+
+
 async def authorized_keys(session: AsyncSession, alloc: Any) -> list[str]:
-    """The owner's personal keys and the active grants' keys: what the agent installs."""
+    """The owner's personal keys and the active grants' keys: what the agent installs. A person who was
+    disabled or left the project has none here (the agent also closes their open sessions)."""
     keys: list[str] = []
-    if alloc.owner_user_id:
+    if alloc.owner_user_id and await may_ssh(session, alloc.owner_user_id, alloc.tenant_id, alloc.project_id):
         keys += (
             (
                 await session.execute(
@@ -43,18 +53,65 @@ async def authorized_keys(session: AsyncSession, alloc: Any) -> list[str]:
             .scalars()
             .all()
         )
-    keys += (
-        (
-            await session.execute(
-                select(ssh_grants.c.public_key)
-                .where(ssh_grants.c.allocation_id == alloc.allocation_id, ssh_grants.c.status == "active")
-                .order_by(ssh_grants.c.created_at)
-            )
-        )
-        .scalars()
-        .all()
+    grants = await session.execute(
+        select(ssh_grants.c.public_key, ssh_grants.c.user_id)
+        .where(ssh_grants.c.allocation_id == alloc.allocation_id, ssh_grants.c.status == "active")
+        .order_by(ssh_grants.c.created_at)
     )
+    for g in grants.all():
+        if g.user_id is None or await may_ssh(session, g.user_id, alloc.tenant_id, alloc.project_id):
+            keys.append(g.public_key)
     return list(dict.fromkeys(keys))
+
+
+async def access_of_user_changed(session: AsyncSession, user_id: uuid.UUID, why: str) -> None:
+    """Identity changed a person's standing (disabled, re-enabled, a membership revoked or changed): every
+    live allocation carrying their keys gets its key list again, in this transaction. Grants to a person who
+    may no longer SSH into that project are revoked for good; the owner's own keys come back if the owner
+    does (the allocation is theirs). The agent closes the sessions of the keys it removes."""
+    actor = Actor.system(SERVICE)
+    ended: dict[uuid.UUID, Any] = {}
+    grants = await session.execute(
+        select(ssh_grants)
+        .where(ssh_grants.c.user_id == user_id, ssh_grants.c.status == "active", ssh_grants.c.origin == "user")
+        .with_for_update()
+    )
+    for grant in grants.all():
+        if await may_ssh(session, user_id, grant.tenant_id, grant.project_id):
+            continue
+        await _revoke_grant_row(session, grant, actor)
+        await audit.record(
+            session,
+            service=SERVICE,
+            actor=actor,
+            action="allocations.ssh_grant.revoke",
+            resource_type="ssh_grant",
+            resource_id=grant.grant_id,
+            tenant_id=grant.tenant_id,
+            project_id=grant.project_id,
+            reason=why,
+        )
+        ended[grant.allocation_id] = None
+    owned = await session.execute(
+        select(allocations).where(allocations.c.owner_user_id == user_id, allocations.c.status.in_(SYNCABLE))
+    )
+    for alloc in owned.all():
+        if not await may_ssh(session, user_id, alloc.tenant_id, alloc.project_id):
+            ended[alloc.allocation_id] = alloc
+        else:
+            await sync_keys(session, alloc)  # a re-enabled owner gets their keys back
+    for alloc_id, row in ended.items():
+        alloc = row or (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).one()
+        if alloc.status not in SYNCABLE:
+            continue
+        await record_timeline(
+            session,
+            alloc_id,
+            "access",
+            "info",
+            f"SSH access of user {user_id} ended ({why}): their keys are removed and their open sessions closed",
+        )
+        await sync_keys(session, alloc)
 
 
 async def add_ssh_key(session: AsyncSession, principal: Principal, *, name: str, public_key: str) -> SshKey:
@@ -156,23 +213,23 @@ def grant_state(row: Any) -> SshGrantState:
 async def _is_project_member(
     session: AsyncSession, user_id: uuid.UUID, tenant_id: uuid.UUID, project_id: uuid.UUID
 ) -> bool:
-    row = (
-        await session.execute(
-            select(iam_memberships.c.membership_id)
-            .where(
-                iam_memberships.c.user_id == user_id,
-                iam_memberships.c.revoked.is_(False),
-                or_(
-                    and_(
-                        iam_memberships.c.scope == MembershipScope.project, iam_memberships.c.project_id == project_id
-                    ),
-                    and_(iam_memberships.c.scope == MembershipScope.tenant, iam_memberships.c.tenant_id == tenant_id),
-                ),
-            )
-            .limit(1)
-        )
-    ).first()
-    return row is not None
+    return await _is_member(session, user_id, tenant_id, project_id, platform_counts=False)
+
+
+async def _is_member(
+    session: AsyncSession, user_id: uuid.UUID, tenant_id: uuid.UUID, project_id: uuid.UUID, *, platform_counts: bool
+) -> bool:
+    """An unrevoked membership of the project or its tenant (or of the platform, where `platform_counts`)."""
+    scopes = [
+        and_(iam_memberships.c.scope == MembershipScope.project, iam_memberships.c.project_id == project_id),
+        and_(iam_memberships.c.scope == MembershipScope.tenant, iam_memberships.c.tenant_id == tenant_id),
+    ]
+    if platform_counts:
+        scopes.append(iam_memberships.c.scope == MembershipScope.platform)
+    q = select(iam_memberships.c.membership_id).where(
+        iam_memberships.c.user_id == user_id, iam_memberships.c.revoked.is_(False), or_(*scopes)
+    )
+    return (await session.execute(q.limit(1))).first() is not None
 
 
 async def create_grant(

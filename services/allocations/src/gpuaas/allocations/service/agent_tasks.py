@@ -17,13 +17,22 @@ from gpuaas.allocations import SERVICE
 from gpuaas.allocations.metrics import activated
 from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments
 from gpuaas.allocations.service.agents import host_by_token
-from gpuaas.allocations.service.common import SYSTEM, alloc_state, free_capacity, now, record_timeline, transition
+from gpuaas.allocations.service.common import (
+    SYSTEM,
+    alloc_state,
+    free_capacity,
+    now,
+    poke_admission,
+    record_timeline,
+    transition,
+)
 from gpuaas.allocations.service.hosts import load_host
 from gpuaas.allocations.service.volumes import detach_all
 from gpuaas.contracts.agent import (
     RESULT_TYPES,
     AttachVolumeResult,
     DetachVolumeResult,
+    NotifyPreemptionResult,
     ProvisionResult,
     ReleaseResult,
     ResizeResult,
@@ -221,12 +230,14 @@ def reported_network(
 ) -> dict[str, Any] | None:
     """The allocation's project-network address as its agent reports it (container driver), as validated by
     the contract (`NetworkInfo`: a name, an IP address or None, a hostname or None). Absent from the result
-    (an older agent): `keep`. The scope is the service's: only host-local networks exist."""
+    (an older agent): `keep`. The scope is the service's: `project` with an overlay assignment (kept from
+    `keep`: service/overlay.py), else `host`."""
+    overlay = {"overlay": keep["overlay"]} if keep and keep.get("overlay") else {}
     if "network" not in result.model_fields_set:
         return keep
-    if result.network is None:
-        return None
-    return {**result.network.model_dump(mode="json"), "scope": "host"}
+    if result.network is None:  # malformed: not shown; an overlay address is the service's own and stays
+        return keep if overlay else None
+    return {**result.network.model_dump(mode="json"), "scope": "project" if overlay else "host", **overlay}
 
 
 def workload_endpoint(
@@ -270,7 +281,7 @@ async def _on_provision(session: AsyncSession, c: Completed[ProvisionResult]) ->
             ssh_host=host.ssh_host,
             ssh_port=host.ssh_port,
             failure_reason=None,
-            network=reported_network(result),
+            network=reported_network(result, alloc.network),
             **({"runtime": runtime} if runtime else {}),
         )
         activated(session, alloc.requested_at, t)
@@ -312,11 +323,13 @@ async def _on_resize(session: AsyncSession, c: Completed[ResizeResult]) -> None:
         return
     target = list(alloc.target_gpu_indices or [])
     keep = target if c.ok else list(alloc.gpu_indices)
-    await session.execute(
-        delete(gpu_assignments).where(
-            gpu_assignments.c.allocation_id == alloc.allocation_id, gpu_assignments.c.gpu_index.notin_(keep)
-        )
+    shrunk = await session.execute(
+        delete(gpu_assignments)
+        .where(gpu_assignments.c.allocation_id == alloc.allocation_id, gpu_assignments.c.gpu_index.notin_(keep))
+        .returning(gpu_assignments.c.gpu_index)
     )
+    if shrunk.first() is not None:  # GPUs came free: a waiting request may fit now
+        await poke_admission(session)
     if c.ok:
         task = parse_task(c.task.kind, c.task.payload)
         limits = task.limits if isinstance(task, ResizeTask) else None
@@ -388,6 +401,15 @@ async def _on_release(session: AsyncSession, c: Completed[ReleaseResult]) -> Non
         )
 
 
+async def _on_notify_preemption(session: AsyncSession, c: Completed[NotifyPreemptionResult]) -> None:
+    """The preemption notice inside the allocation: what the agent delivered (the stop happens at the deadline
+    whatever the notice's outcome)."""
+    if c.ok:
+        where = "/run/gpuaas/preemption written" if c.result.file_written else "no notice file written"
+        note = f"notice delivered: {where}; {c.result.sessions_notified} SSH session(s) told"
+        await record_timeline(session, c.alloc.allocation_id, "preemption.notice", "info", note)
+
+
 async def _timeline_only(session: AsyncSession, c: Completed[TaskOutcome]) -> None:
     """Key sync and volume changes: the task's timeline entry (written above) is the whole outcome."""
 
@@ -402,5 +424,6 @@ _OUTCOMES: dict[type[TaskOutcome], Callable[[AsyncSession, Completed[Any]], Awai
     SyncSshKeysResult: _timeline_only,
     AttachVolumeResult: _timeline_only,
     DetachVolumeResult: _timeline_only,
+    NotifyPreemptionResult: _on_notify_preemption,
 }
 complete_table(_OUTCOMES, RESULT_TYPES, "allocations' agent task outcomes")

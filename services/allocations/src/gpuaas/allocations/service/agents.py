@@ -13,7 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaas.allocations import SERVICE
 from gpuaas.allocations.metrics import heartbeat_lost
 from gpuaas.allocations.models import agent_tasks, allocations, hosts
-from gpuaas.allocations.service.common import SYSTEM, alloc_state, now, record_timeline, update_allocation
+from gpuaas.allocations.service.common import (
+    SYSTEM,
+    alloc_state,
+    now,
+    poke_admission,
+    record_timeline,
+    update_allocation,
+)
 from gpuaas.allocations.service.hosts import hash_token, host_key_pin, host_state, update_host
 from gpuaas.contracts.agent import AgentRegistration
 from gpuaas.contracts.enums import AllocationStatus
@@ -59,6 +66,8 @@ async def register_agent(session: AsyncSession, token: str | None, body: AgentRe
         status = HostStatus.ready
     elif status == HostStatus.unreachable:
         status = host.status_before_unreachable or HostStatus.ready
+    if status == HostStatus.ready:  # a host (back) in service: waiting requests may fit on it
+        await poke_admission(session)
     row = await update_host(
         session,
         host.host_id,
@@ -144,6 +153,7 @@ async def heartbeat(session: AsyncSession, token: str | None) -> HostState:
             status_before_unreachable=None,
             last_heartbeat_at=now(),
         )
+        await poke_admission(session)
         await add_event(
             session, allocation_events.HostUpdated.build(data=host_state(row), source=SERVICE, actor=SYSTEM)
         )

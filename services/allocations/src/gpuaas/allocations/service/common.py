@@ -15,7 +15,13 @@ from gpuaas.allocations.models import agent_tasks, allocations, gpu_assignments,
 from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.agent import AgentTask, RuntimeImage
 from gpuaas.contracts.enums import AllocationStatus
-from gpuaas.contracts.events.allocations import AllocationLimits, AllocationState, SshEndpoint, WorkloadSpec
+from gpuaas.contracts.events.allocations import (
+    AllocationLimits,
+    AllocationState,
+    PreemptionNotice,
+    SshEndpoint,
+    WorkloadSpec,
+)
 from gpuaas.kit import iam, workload_tokens
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import NotFound
@@ -68,6 +74,26 @@ def alloc_state(row: Any) -> AllocationState:
         workload_endpoint=(row.runtime or {}).get("workload_endpoint")
         if row.status == AllocationStatus.active
         else None,
+        pending_reason=row.pending_reason if row.status == AllocationStatus.queued else None,
+        queue_position=row.queue_position if row.status == AllocationStatus.queued else None,
+        priority=row.priority,
+        max_wait_s=row.max_wait_s,
+        preemption=_preemption(row),
+        requeued_from=getattr(row, "requeued_from", None),
+    )
+
+
+def _preemption(row: Any) -> PreemptionNotice | None:
+    """The preemption notice while one is scheduled (issue 29); kept on the stopped victim as its record."""
+    deadline = getattr(row, "preempt_deadline", None)
+    if deadline is None or row.preempted_for is None:
+        return None
+    return PreemptionNotice(
+        deadline=deadline,
+        reason=row.preemption_reason or "reclaim_guarantee",
+        for_allocation_id=row.preempted_for,
+        on_preemption="requeue" if row.on_preemption == "requeue" else "release",
+        scheduled_at=row.preemption_scheduled_at or deadline,
     )
 
 
@@ -169,8 +195,20 @@ async def enqueue_task(
     return task_id
 
 
+ADMISSION_CHANNEL = "allocations_admission"  # NOTIFY: capacity or demand changed; every replica's runner wakes
+
+
+async def poke_admission(session: AsyncSession, gpu_model: str = "") -> None:
+    """Wake the admission runners (this replica's and the others') once this transaction commits."""
+    await session.execute(text("SELECT pg_notify(:c, :m)"), {"c": ADMISSION_CHANNEL, "m": gpu_model})
+
+
 async def free_capacity(session: AsyncSession, alloc_id: uuid.UUID) -> None:
-    await session.execute(delete(gpu_assignments).where(gpu_assignments.c.allocation_id == alloc_id))
+    freed = await session.execute(
+        delete(gpu_assignments).where(gpu_assignments.c.allocation_id == alloc_id).returning(gpu_assignments.c.host_id)
+    )
+    if freed.first() is not None:  # GPUs came free: a waiting request may fit now
+        await poke_admission(session)
 
 
 async def load_allocation(

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, hosts
+from gpuaas.allocations.service.common import poke_admission
 from gpuaas.allocations.service.lifecycle import request_release
 from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.enums import AllocationStatus
@@ -298,6 +299,7 @@ async def uncordon_host(session: AsyncSession, principal: Principal, host_id: uu
         row = await update_host(session, host_id, cordon_reason=None, status=HostStatus.ready)
     else:
         raise Conflict(f"the host is {before.status}, not cordoned", code="host_not_cordoned")
+    await poke_admission(session)  # its free GPUs can take waiting requests
     return await _announce(
         session,
         principal,

@@ -30,14 +30,16 @@ from gpuaas.allocations.service.common import (
     workload_payload,
 )
 from gpuaas.allocations.service.host_classes import limits_for, runtime_and_limits
-from gpuaas.allocations.service.placement import capacities, place
+from gpuaas.allocations.service.overlay import overlay_for
+from gpuaas.allocations.service.placement import capacities, check_model_offered, place
 from gpuaas.allocations.service.quotas import check_quota
 from gpuaas.allocations.service.runtimes import resolve_runtime
 from gpuaas.allocations.service.volumes import attach_to_allocation, volume_mounts, volume_summaries
+from gpuaas.allocations.service.waiting import cancel_queued, enqueue, others_waiting, over_queue_limit
 from gpuaas.allocations.views import Allocation, AllocationChange, AllocationNetwork, VolumeRef
 from gpuaas.contracts import Actor, Event, new_event_id
 from gpuaas.contracts.agent import ProvisionTask, ReleaseTask, ReleaseVolume, ResizeTask, RestartTask
-from gpuaas.contracts.enums import AllocationStatus, CapacityShape
+from gpuaas.contracts.enums import AllocationStatus, CapacityShape, PendingReason
 from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.kit import audit, iam, paging
 from gpuaas.kit.auth import Principal
@@ -62,10 +64,18 @@ async def create_allocation(
     host_class: str | None,
     volume_ids: list[uuid.UUID],
     runtime: str | None = None,
+    queue: bool = True,
+    priority: int = 0,
+    max_wait_s: int | None = None,
+    on_preemption: str = "release",
 ) -> AllocationChange[Allocation]:
     """`runtime` (slug, slug@version or digest of an offered runtime) is checked before placement (422
     `runtime_unavailable`) and then places on container hosts only; without it the host class's default
-    (else the platform's) applies on a container host and a process host runs no runtime image."""
+    (else the platform's) applies on a container host and a process host runs no runtime image.
+
+    `queue` (issue 29): a request that cannot be placed now (no capacity, or its project at its quota) waits
+    `queued` with its reason instead of 409, and so does one of a pool where others already wait for GPUs
+    (they go first: the admission runner decides). `queue=False` keeps the immediate 409."""
     await iam.authorize(session, principal, "allocations.create", project_id=project_id)
     tenant_id = await iam.project_tenant(session, project_id)
     assert tenant_id is not None
@@ -73,7 +83,23 @@ async def create_allocation(
         raise Unprocessable("gpu_count is required for a gpu_slice", code="gpu_count_required")
     if runtime is not None:
         await resolve_runtime(session, runtime, tenant_id)
-    await check_quota(session, project_id, gpu_count or 1)
+    waits_for: PendingReason | None = None
+    try:
+        await check_quota(session, project_id, gpu_count or 1, count_refusal=not queue)
+    except Conflict as exc:
+        if not queue or exc.code != "quota_exceeded":
+            raise
+        waits_for = PendingReason.over_limit
+    if waits_for is None:
+        waits_for = await over_queue_limit(session, tenant_id, project_id, gpu_model, gpu_count or 1)
+        if waits_for is not None and not queue:
+            refused(session, "queue_limit_exceeded")
+            raise Conflict(
+                f"the {'project' if waits_for is PendingReason.over_limit else 'tenant'}'s {gpu_model} queue is at "
+                "its limit",
+                code="queue_limit_exceeded",
+                reason=waits_for.value,
+            )
     alloc_id = new_event_id()
     t = now()
     # Insert first (requested) so the GPU reservations can reference it; all in this transaction.
@@ -93,24 +119,37 @@ async def create_allocation(
             status_changed_at=t,
             ssh_username=domain.unix_username(alloc_id),
             requested_at=t,
+            priority=priority,
+            max_wait_s=max_wait_s,
+            on_preemption=on_preemption,
+            requested_runtime=runtime,
         )
     )
-    host, picked = await place(
-        session,
-        shape=shape,
-        model=gpu_model,
-        count=gpu_count,
-        host_class=host_class,
-        alloc_id=alloc_id,
-        tenant_id=tenant_id,
-        container_only=runtime is not None,
-    )
-    runtime_ref, limits = await runtime_and_limits(
-        session, host, requested=runtime, tenant_id=tenant_id, gpu_count=len(picked)
-    )
-    if len(picked) != (gpu_count or 1):  # a whole host: its GPU count is known only now
+    placed: tuple[Any, list[int]] | None = None
+    if waits_for is None and queue and await others_waiting(session, gpu_model, alloc_id):
+        waits_for = PendingReason.no_capacity
+    if waits_for is not None:  # not placed now: still a 422 for a model no host offers
+        await check_model_offered(session, gpu_model)
+    if waits_for is None:
+        try:
+            placed = await place(
+                session,
+                shape=shape,
+                model=gpu_model,
+                count=gpu_count,
+                host_class=host_class,
+                alloc_id=alloc_id,
+                tenant_id=tenant_id,
+                container_only=runtime is not None,
+                count_refusal=not queue,
+            )
+        except Conflict as exc:
+            if not queue or exc.code != "insufficient_capacity":
+                raise
+            waits_for = PendingReason.no_capacity
+    if placed is not None and len(placed[1]) != (gpu_count or 1):  # a whole host: its GPU count is known only now
         await session.execute(
-            update(allocations).where(allocations.c.allocation_id == alloc_id).values(gpu_count=len(picked))
+            update(allocations).where(allocations.c.allocation_id == alloc_id).values(gpu_count=len(placed[1]))
         )
         await check_quota(session, project_id, 0)
     requested = await with_volumes(
@@ -122,20 +161,11 @@ async def create_allocation(
     await record_timeline(session, alloc_id, "status", "info", "requested")
     for vid in volume_ids:
         await attach_to_allocation(session, principal, alloc_id, project_id, vid, emit_task=False)
-    note = (f"; runtime {runtime_ref.slug} {runtime_ref.version} ({runtime_ref.digest})" if runtime_ref else "") + (
-        f"; limits {limits['cpus']} CPUs, {limits['memory_mb']} MB, {limits['pids']} pids" if limits else ""
-    )
-    row = await start_provisioning(
-        session,
-        requested,
-        host,
-        picked,
-        runtime=runtime_ref.model_dump() if runtime_ref else None,
-        limits=limits,
-        note=note,
-        events=events,
-        actor=principal.actor,
-    )
+    if placed is None:
+        assert waits_for is not None
+        row = await enqueue(session, requested, waits_for, events=events, actor=principal.actor)
+    else:
+        row = await admit(session, requested, *placed, events=events, actor=principal.actor)
     await audit.record(
         session,
         service=SERVICE,
@@ -148,6 +178,30 @@ async def create_allocation(
         after=alloc_state(row).model_dump(mode="json"),
     )
     return await _changed(session, row)
+
+
+async def admit(
+    session: AsyncSession, requested: Any, host: Any, picked: list[int], *, events: list[Event], actor: Actor
+) -> Any:
+    """A request placed on `host` (GPUs `picked` reserved): its runtime and limits resolved for that host,
+    then provisioning (create, and the admission runner for a queued one)."""
+    runtime_ref, limits = await runtime_and_limits(
+        session, host, requested=requested.requested_runtime, tenant_id=requested.tenant_id, gpu_count=len(picked)
+    )
+    note = (f"; runtime {runtime_ref.slug} {runtime_ref.version} ({runtime_ref.digest})" if runtime_ref else "") + (
+        f"; limits {limits['cpus']} CPUs, {limits['memory_mb']} MB, {limits['pids']} pids" if limits else ""
+    )
+    return await start_provisioning(
+        session,
+        requested,
+        host,
+        picked,
+        runtime=runtime_ref.model_dump() if runtime_ref else None,
+        limits=limits,
+        note=note,
+        events=events,
+        actor=actor,
+    )
 
 
 async def start_provisioning(
@@ -174,6 +228,8 @@ async def start_provisioning(
         driver=host.driver,
         runtime=runtime,
         limits=limits,
+        pending_reason=None,
+        queue_position=None,
     )
     await record_timeline(
         session,
@@ -206,6 +262,7 @@ async def _workspace_task(task_type: type[W], session: AsyncSession, row: Any, g
         limits=container_limits(row.limits),
         workload=workload,
         workload_token=workload_token,
+        overlay=await overlay_for(session, row),  # the project's segment across hosts, the allocation's address
     )
 
 
@@ -447,7 +504,10 @@ async def release_allocation(
         )
     if not retry and alloc.status == AllocationStatus.release_failed:
         raise Conflict("the release failed; use retry-release", code="release_failed_use_retry")
-    row = await request_release(session, principal.actor, alloc_id, reason=None)
+    if alloc.status == AllocationStatus.queued:  # waiting: holds nothing, ends now (issue 29)
+        row = await cancel_queued(session, alloc, principal.actor)
+    else:
+        row = await request_release(session, principal.actor, alloc_id, reason=None)
     await audit.record(
         session,
         service=SERVICE,
@@ -463,7 +523,11 @@ async def release_allocation(
     return await _changed(session, row)
 
 
-async def request_release(session: AsyncSession, actor: Actor, alloc_id: uuid.UUID, *, reason: str | None) -> Any:
+async def request_release(
+    session: AsyncSession, actor: Actor, alloc_id: uuid.UUID, *, reason: str | None, stop_timeout_s: float | None = None
+) -> Any:
+    """Billing stops here; the release task follows (after app-runtime's clearance when members run on it).
+    `stop_timeout_s` (a preemption's stop): SIGTERM first, SIGKILL after that many seconds."""
     alloc = (
         await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id).with_for_update())
     ).one()
@@ -495,11 +559,11 @@ async def request_release(session: AsyncSession, actor: Actor, alloc_id: uuid.UU
             f"waiting for app-runtime to stop {members} app member(s) on this allocation",
         )
     else:
-        await enqueue_release(session, row)
+        await enqueue_release(session, row, stop_timeout_s=stop_timeout_s)
     return row
 
 
-async def enqueue_release(session: AsyncSession, alloc: Any) -> None:
+async def enqueue_release(session: AsyncSession, alloc: Any, *, stop_timeout_s: float | None = None) -> None:
     vols = []
     for a in (
         await session.execute(
@@ -523,7 +587,9 @@ async def enqueue_release(session: AsyncSession, alloc: Any) -> None:
         session,
         alloc.host_id,
         alloc.allocation_id,
-        ReleaseTask(allocation_id=alloc.allocation_id, username=alloc.ssh_username, volumes=vols),
+        ReleaseTask(
+            allocation_id=alloc.allocation_id, username=alloc.ssh_username, volumes=vols, stop_timeout_s=stop_timeout_s
+        ),
     )
 
 

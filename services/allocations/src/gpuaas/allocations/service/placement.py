@@ -127,6 +127,60 @@ async def _unknown_model(session: AsyncSession, model: str) -> None:
     )
 
 
+async def reserve_on(
+    session: AsyncSession,
+    host_id: uuid.UUID,
+    *,
+    shape: CapacityShape,
+    model: str,
+    count: int | None,
+    host_class: str | None,
+    alloc_id: uuid.UUID,
+    tenant_id: uuid.UUID,
+    skip_locked: bool = False,
+    container_only: bool = False,
+    prefer: list[int] | None = None,
+) -> tuple[Any, list[int]] | None:
+    """Reserve GPUs on this one host if it can take the request now: its row locked, its tenancy and capacity
+    re-read under the lock, then the GPUs inserted (gpu_assignments' primary key is the last defence). None when
+    it cannot (locked by another request with `skip_locked`, not ready, another tenant, full). `prefer`: the
+    GPUs an admission plan picked, taken when they are all still free."""
+    want = count or 1
+    lock = select(hosts).where(hosts.c.host_id == host_id).with_for_update(skip_locked=skip_locked)
+    host = (await session.execute(lock)).first()
+    if host is None or host.status != HostStatus.ready or (container_only and host.driver != "container"):
+        return None
+    sharing_matters = not (host.isolates_tenants or host.shared_tenancy_allowed)
+    if not domain.tenancy_allows(
+        isolates_tenants=host.isolates_tenants,
+        shared_tenancy_allowed=host.shared_tenancy_allowed,
+        other_tenants_present=sharing_matters and await _other_tenant_on(session, host_id, tenant_id),
+    ):
+        raise TenancyRefused
+    fresh = (await capacities(session, [host_id], host_rows=[host]))[0]
+    if not domain.candidates([fresh], shape=shape, model=model, count=want, host_class=host_class):
+        return None
+    picked = domain.pick_gpus(fresh, shape=shape, model=model, count=want)
+    if prefer and shape is CapacityShape.gpu_slice and len(prefer) == want and set(prefer) <= set(fresh.free(model)):
+        picked = sorted(prefer)
+    if picked is None or (shape is CapacityShape.baremetal and count and count != len(picked)):
+        return None
+    await session.execute(
+        insert(gpu_assignments),
+        [{"host_id": host.host_id, "gpu_index": i, "allocation_id": alloc_id} for i in picked],
+    )
+    return host, picked
+
+
+class TenancyRefused(Exception):
+    """The host does not isolate tenants and another tenant holds GPUs on it."""
+
+
+async def check_model_offered(session: AsyncSession, model: str) -> None:
+    """422 `unknown_gpu_model` unless some host that is not decommissioned offers the model."""
+    await _unknown_model(session, model)
+
+
 async def place(
     session: AsyncSession,
     *,
@@ -137,11 +191,13 @@ async def place(
     alloc_id: uuid.UUID,
     tenant_id: uuid.UUID,
     container_only: bool = False,
+    count_refusal: bool = True,
 ) -> tuple[Any, list[int]]:
     """Pick a host and reserve GPUs on it. Host rows are locked one at a time and capacity is
     re-read under the lock, so concurrent creates queue and never double-book (the primary key
     of gpu_assignments is the last line of defence). `container_only`: a runtime was asked for, so
-    only hosts with the container driver qualify."""
+    only hosts with the container driver qualify. `count_refusal`: count a refusal in the metrics (not
+    when the caller queues the request instead)."""
     want = count or 1
     any_candidate = False
     tenancy_refused = False
@@ -152,33 +208,28 @@ async def place(
         )
         async for host_id in candidates:
             any_candidate = True
-            lock = select(hosts).where(hosts.c.host_id == host_id).with_for_update(skip_locked=skip_locked)
-            host = (await session.execute(lock)).first()
-            if host is None or host.status != HostStatus.ready:
-                continue
-            sharing_matters = not (host.isolates_tenants or host.shared_tenancy_allowed)
-            if not domain.tenancy_allows(
-                isolates_tenants=host.isolates_tenants,
-                shared_tenancy_allowed=host.shared_tenancy_allowed,
-                other_tenants_present=sharing_matters and await _other_tenant_on(session, host_id, tenant_id),
-            ):
+            try:
+                placed = await reserve_on(
+                    session,
+                    host_id,
+                    shape=shape,
+                    model=model,
+                    count=count,
+                    host_class=host_class,
+                    alloc_id=alloc_id,
+                    tenant_id=tenant_id,
+                    skip_locked=skip_locked,
+                )
+            except TenancyRefused:
                 tenancy_refused = True
                 continue
-            fresh = (await capacities(session, [host_id], host_rows=[host]))[0]
-            if not domain.candidates([fresh], shape=shape, model=model, count=want, host_class=host_class):
-                continue
-            picked = domain.pick_gpus(fresh, shape=shape, model=model, count=want)
-            if picked is None or (shape is CapacityShape.baremetal and count and count != len(picked)):
-                continue
-            await session.execute(
-                insert(gpu_assignments),
-                [{"host_id": host.host_id, "gpu_index": i, "allocation_id": alloc_id} for i in picked],
-            )
-            return host, picked
+            if placed is not None:
+                return placed
     if not any_candidate and not container_only:  # is the model offered anywhere? (422 rather than 409)
         await _unknown_model(session, model)
     what = f"a whole {model} host" if shape is CapacityShape.baremetal else f"{want} free {model} GPUs on one host"
-    refused(session, "insufficient_capacity")
+    if count_refusal:
+        refused(session, "insufficient_capacity")
     raise Conflict(
         f"no ready {'container ' if container_only else ''}host has {what}"
         + (f" in class {host_class!r}" if host_class else "")

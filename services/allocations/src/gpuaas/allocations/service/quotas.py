@@ -17,7 +17,7 @@ from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Forbidden
 
 
-async def _project_gpu_usage(session: AsyncSession, project_id: uuid.UUID) -> int:
+async def project_gpu_usage(session: AsyncSession, project_id: uuid.UUID) -> int:
     used = await session.execute(
         select(
             func.coalesce(
@@ -28,15 +28,17 @@ async def _project_gpu_usage(session: AsyncSession, project_id: uuid.UUID) -> in
     return int(used.scalar_one())
 
 
-async def check_quota(session: AsyncSession, project_id: uuid.UUID, extra: int) -> None:
-    """Serialise GPU-holding changes of one project (advisory lock), then check its quota."""
+async def check_quota(session: AsyncSession, project_id: uuid.UUID, extra: int, *, count_refusal: bool = True) -> None:
+    """Serialise GPU-holding changes of one project (advisory lock), then check its quota. `count_refusal`:
+    count a refusal in the metrics (not when the request waits in the queue instead)."""
     if (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).first() is None:
         return  # no quota: nothing to serialise
     await session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:p, 7))"), {"p": str(project_id)})
     q = (await session.execute(select(quotas.c.max_gpus).where(quotas.c.project_id == project_id))).one()
-    used = await _project_gpu_usage(session, project_id)
+    used = await project_gpu_usage(session, project_id)
     if used + extra > q.max_gpus:
-        refused(session, "quota_exceeded")
+        if count_refusal:
+            refused(session, "quota_exceeded")
         raise Conflict(
             f"the project's GPU quota is {q.max_gpus}; {used} are in use and {extra} more were asked for",
             code="quota_exceeded",
@@ -85,5 +87,5 @@ async def get_quota(session: AsyncSession, principal: Principal, project_id: uui
     return Quota(
         project_id=project_id,
         max_gpus=row[0] if row else None,
-        gpus_in_use=await _project_gpu_usage(session, project_id),
+        gpus_in_use=await project_gpu_usage(session, project_id),
     )
