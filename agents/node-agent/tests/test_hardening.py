@@ -98,3 +98,29 @@ def test_hostnames_differ_for_allocations_created_in_the_same_instant(tmp_path: 
     assert len({i[:8] for i in ids}) < 200  # the old scheme's input: heads collide within one instant
     names = {ContainerDriver.hostname(Workspace(i, tmp_path / i)) for i in ids}
     assert len(names) == 200 and all(len(n) <= 63 for n in names)  # unique and a valid DNS label
+
+
+def test_a_resize_that_sends_no_overlay_keeps_the_allocations_segment(tmp_path: Path) -> None:
+    """The console's e2e: a resize task serialised `overlay: null`, the agent took it as "no overlay", recreated the
+    container off its segment, and the project's next member found the network on another subnet."""
+    from gpuaas.contracts.agent import ResizeTask
+    from gpuaas.node_agent.agent import Agent
+    from gpuaas.node_agent.workspace import Workspace
+
+    segment = {
+        "project_id": "01a21d70-31ca-7d92-b0f0-a15633662796",
+        "vni": 1048576,
+        "subnet": "10.208.0.0/24",
+        "address": "10.208.0.2",
+        "underlay": "198.18.0.1",
+        "peers": [{"underlay": "198.18.0.1", "addresses": ["10.208.0.2"]}],
+        "names": {"a.p-01a21d7031ca": "10.208.0.2"},
+    }
+    ws = Workspace("01a21d71-328d-7a0e-95df-6b6076f22003", tmp_path)
+    ws.write_meta(overlay=segment, gpu_indices=[0])
+    base = {"allocation_id": ws.allocation_id, "username": "a1", "gpu_indices": [0, 1]}
+    Agent._update(ws, ResizeTask.model_validate({**base, "overlay": None}))
+    assert ws.meta["overlay"]["address"] == "10.208.0.2" and ws.meta["gpu_indices"] == [0, 1]
+    moved = {**segment, "names": {"a.p-01a21d7031ca": "10.208.0.2", "b.p-01a21d7031ca": "10.208.0.3"}}
+    Agent._update(ws, ResizeTask.model_validate({**base, "overlay": moved}))
+    assert ws.meta["overlay"]["names"] == moved["names"]  # a segment that was sent is taken

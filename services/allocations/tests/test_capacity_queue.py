@@ -268,3 +268,16 @@ async def test_concurrent_runners_never_double_book(world: World) -> None:
     for project, position in positions:
         by_project.setdefault(str(project), []).append(position)
     assert sorted(by_project.values()) == [[1, 2, 3], [1, 2, 3]]
+
+
+async def test_a_request_no_host_can_take_does_not_hold_back_one_that_fits(world: World) -> None:
+    """A request waiting for a host class with no free GPUs must not keep a later request of the same pool, which
+    a host of another class can take now, from running (the console's e2e found the pool stuck behind one)."""
+    w = world
+    await w.host_with_agent("gpu-1", f"2x{MODEL}")
+    stuck = (await w.create("owner", gpu_count=4)).json()  # more than any host has: waits for ever
+    assert (stuck["status"], stuck["pending_reason"]) == ("queued", "no_capacity"), stuck
+    fits = (await w.create("owner", "p1")).json()
+    admitted = await w.wait_status("owner", fits["allocation_id"], "provisioning", "active", timeout_s=15)
+    assert admitted["host_id"] is not None
+    assert (await _get(w, "owner", stuck["allocation_id"]))["status"] == "queued"

@@ -415,10 +415,15 @@ class Agent:
         result.network = await self._network(ws)
         return result
 
-    def _update(self, ws: Workspace, p: RestartTask | ResizeTask) -> None:
-        """Take what a restart/resize payload carries (GPUs, limits, runtime) into the allocation's meta; a field
-        the control plane did not send keeps its value."""
+    @staticmethod
+    def _update(ws: Workspace, p: RestartTask | ResizeTask) -> None:
+        """Take what a restart/resize payload carries (GPUs, limits, runtime, overlay) into the allocation's meta; a
+        field the control plane did not send keeps its value. An overlay sent as null keeps it too: the address is
+        the allocation's for its life (a resize that sent null moved a member off its segment, and the project's
+        next member then found the network on another subnet)."""
         values = p.model_dump(mode="json", include={"gpu_indices", "limits", "runtime", "overlay"} & p.model_fields_set)
+        if values.get("overlay", ...) is None:
+            del values["overlay"]
         if values:
             ws.write_meta(**values)
 

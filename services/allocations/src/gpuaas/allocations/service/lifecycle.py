@@ -434,6 +434,7 @@ async def resize_allocation(
             limits=container_limits(limits if row.runtime else None),
             workload=workload,
             workload_token=workload_token,
+            overlay=await overlay_for(session, row),  # the container is recreated: same address, peers as now
         ),
     )
     await audit.record(
