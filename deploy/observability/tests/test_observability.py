@@ -35,6 +35,7 @@ EXPECTED_ALERTS = {
     "GpuaasBillingLagging",
     "GpuaasHostHeartbeatLost",
     "GpuaasGpuCapacityLow",
+    "GpuaasCapacityQueueBelowGuarantee",
 }
 # Grafana's variables, replaced by something PromQL parses.
 VARIABLES = {"$__rate_interval": "5m", "$service": "identity", "$route": ".*", "$host_class": ".*"}
@@ -151,6 +152,10 @@ def test_alerts_and_dashboards_use_only_exported_metrics() -> None:
         "gpuaas_dead_letters",
         "gpuaas_relay_restarts_total",
         "gpuaas_consumer_restarts_total",
+        "gpuaas_capacity_waiting_requests",
+        "gpuaas_capacity_queue_held_gpus",
+        "gpuaas_capacity_queue_guarantee_gpus",
+        "gpuaas_capacity_queue_below_guarantee",
     ):
         assert metric in on_boards, metric
 

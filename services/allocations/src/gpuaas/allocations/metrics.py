@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations.models import allocations, gpu_assignments, hosts
+from gpuaas.allocations.queue_usage import configured_usage
 from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events.allocations import HostStatus
 from gpuaas.kit.metrics import SLOW_BUCKETS, after_commit, metrics_of
@@ -75,6 +76,32 @@ class AllocationsMetrics:
             ["gpu_model", "step"],
             registry=registry,
         )
+        # Per queue with settings (bounded by the capacity_queues rows; queue = the tenant or project id).
+        queue_labels = ["gpu_model", "scope", "queue"]
+        self.queue_guarantee = Gauge(
+            "gpuaas_capacity_queue_guarantee_gpus",
+            "GPUs a capacity queue is guaranteed, by GPU model, scope (tenant or project) and queue (the scope's id)",
+            queue_labels,
+            registry=registry,
+        )
+        self.queue_held = Gauge(
+            "gpuaas_capacity_queue_held_gpus",
+            "GPUs a capacity queue holds now (a resize up in flight at its target)",
+            queue_labels,
+            registry=registry,
+        )
+        self.queue_waiting = Gauge(
+            "gpuaas_capacity_queue_waiting_requests",
+            "Allocations of a capacity queue queued for capacity",
+            queue_labels,
+            registry=registry,
+        )
+        self.queue_below_guarantee = Gauge(
+            "gpuaas_capacity_queue_below_guarantee",
+            "1 when a capacity queue has waiting requests and holds fewer GPUs than its guarantee, else 0",
+            queue_labels,
+            registry=registry,
+        )
         self.heartbeat_losses = Counter(
             "gpuaas_host_heartbeat_losses_total",
             "Hosts marked unreachable because their agent stopped heartbeating",
@@ -82,6 +109,7 @@ class AllocationsMetrics:
         )
 
     async def refresh(self, session: AsyncSession) -> None:
+
         host_rows = (
             await session.execute(
                 select(hosts.c.host_id, hosts.c.host_class, hosts.c.status, func.jsonb_array_length(hosts.c.gpus))
@@ -104,6 +132,7 @@ class AllocationsMetrics:
                 .group_by(allocations.c.gpu_model, allocations.c.pending_reason)
             )
         ).all()
+        queues = await configured_usage(session)
         gpus: dict[tuple[str, str], int] = {}
         host_counts: dict[tuple[str, str], int] = {}
         for host_id, host_class, status, total in host_rows:
@@ -129,6 +158,14 @@ class AllocationsMetrics:
         self.waiting.clear()
         for model, reason, n in queued:
             self.waiting.labels(model, reason or "unknown").set(n)
+        for gauge in (self.queue_guarantee, self.queue_held, self.queue_waiting, self.queue_below_guarantee):
+            gauge.clear()
+        for u in queues:
+            labels = (u.gpu_model, u.scope, str(u.scope_id))
+            self.queue_guarantee.labels(*labels).set(u.guarantee)
+            self.queue_held.labels(*labels).set(u.held)
+            self.queue_waiting.labels(*labels).set(u.waiting)
+            self.queue_below_guarantee.labels(*labels).set(int(u.waiting > 0 and u.held < u.guarantee))
 
 
 def refused(session: AsyncSession, reason: str) -> None:

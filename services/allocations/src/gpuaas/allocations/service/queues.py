@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, capacity_queues
+from gpuaas.allocations.queue_usage import COUNTED, GPUS
 from gpuaas.allocations.service.common import now, poke_admission
 from gpuaas.allocations.service.placement import check_model_offered
 from gpuaas.allocations.service.waiting import lock_tenant_pool
@@ -109,7 +110,7 @@ async def list_queues(session: AsyncSession, principal: Principal, gpu_model: st
         models = [gpu_model]
     else:
         configured = select(capacity_queues.c.gpu_model)
-        used = select(allocations.c.gpu_model).where(allocations.c.status.in_(_COUNTED))
+        used = select(allocations.c.gpu_model).where(allocations.c.status.in_(COUNTED))
         models = sorted((await session.execute(configured.union(used))).scalars())
     out: list[CapacityQueue] = []
     for model in models:
@@ -122,7 +123,7 @@ async def list_queues(session: AsyncSession, principal: Principal, gpu_model: st
         keys.update((r.scope, r.scope_id, r.tenant_id) for r in rows)
         active = await session.execute(
             select(allocations.c.project_id, allocations.c.tenant_id)
-            .where(allocations.c.gpu_model == model, allocations.c.status.in_(_COUNTED))
+            .where(allocations.c.gpu_model == model, allocations.c.status.in_(COUNTED))
             .distinct()
         )
         for r in active:
@@ -133,8 +134,6 @@ async def list_queues(session: AsyncSession, principal: Principal, gpu_model: st
 
 
 # ------------------------------------------------------------------------------------------------ internals
-
-_COUNTED = [*domain.HOLDS_CAPACITY, AllocationStatus.queued]
 
 
 async def _row(session: AsyncSession, scope: Scope, scope_id: uuid.UUID, gpu_model: str) -> Any | None:
@@ -223,7 +222,6 @@ async def _views(
         (r.scope, r.scope_id): r
         for r in (await session.execute(select(capacity_queues).where(capacity_queues.c.gpu_model == gpu_model))).all()
     }
-    gpus = func.greatest(allocations.c.gpu_count, func.coalesce(allocations.c.target_gpu_count, 0))
     rows = (
         await session.execute(
             select(
@@ -232,9 +230,9 @@ async def _views(
                 allocations.c.status,
                 allocations.c.pending_reason,
                 func.count(),
-                func.sum(gpus),
+                func.sum(GPUS),
             )
-            .where(allocations.c.gpu_model == gpu_model, allocations.c.status.in_(_COUNTED))
+            .where(allocations.c.gpu_model == gpu_model, allocations.c.status.in_(COUNTED))
             .group_by(
                 allocations.c.tenant_id, allocations.c.project_id, allocations.c.status, allocations.c.pending_reason
             )
