@@ -5,6 +5,7 @@ tests/e2e/test_echo_controller.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -44,6 +45,25 @@ async def test_queue_is_rate_limited() -> None:
     for _ in range(5):
         q.done(await q.get())
     assert time.monotonic() - started >= 4 / 20 * 0.9
+
+
+async def test_a_cancel_that_lands_as_a_key_arrives_still_cancels() -> None:
+    """Python 3.11's wait_for swallowed a cancel that landed as the awaited event fired; the queue then
+    waited again and a stopped controller hung (seen in CI)."""
+    for steps in range(4):  # the cancel lands 0..3 loop steps after the key: one of them hit the race
+        q: WorkQueue[str] = WorkQueue(qps=1000)
+        q.add_after("later", 30)  # the getter waits with a timeout (as in CI), not forever
+        task = asyncio.create_task(q.get())
+        for _ in range(3):
+            await asyncio.sleep(0)  # the getter is parked on the queue's event
+        q.add("k")
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        if task.done():
+            continue  # got its key before the cancel: nothing to prove at this step count
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
 
 def test_config_model_from_the_manifest_inputs() -> None:

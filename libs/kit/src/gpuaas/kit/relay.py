@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import zlib
@@ -163,10 +164,9 @@ class OutboxRelay:
             if published >= self.batch_size:
                 continue  # more waiting: no sleep
             await self._update_lag()
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_interval_s):  # not wait_for: it can swallow a cancel on 3.11
+                    await self._wake.wait()
 
     async def publish_batch(self) -> int:
         """Publish one batch of unsent rows in `seq` order; return how many were published."""

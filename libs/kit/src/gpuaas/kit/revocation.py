@@ -284,7 +284,8 @@ async def until_access_lost(
             if principal.expires_at is not None:
                 timeout = max(0.0, min(timeout, principal.expires_at - time.time()))
             with suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
+                    await changed.wait()
             changed.clear()
 
 

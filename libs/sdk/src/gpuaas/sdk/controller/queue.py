@@ -6,6 +6,7 @@ faster than `qps` overall."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import random
 from collections.abc import Hashable
@@ -99,10 +100,11 @@ class WorkQueue(Generic[K]):
                 self._last_out = self._now()
                 return key
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), wait)
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the event
+            # fires, and this loop would then wait again (a stopped controller hung here in CI).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._changed.wait()
 
     def done(self, key: K) -> None:
         self._processing.discard(key)

@@ -90,7 +90,8 @@ async def poll_tasks(kit: Kit, request: Request, wait_s: float = Query(20.0, ge=
         if remaining <= 0:
             return []
         with suppress(TimeoutError):  # woken by a task for this host, else poll again within a second
-            await asyncio.wait_for(wake.wait(), min(remaining, 1.0))
+            async with asyncio.timeout(min(remaining, 1.0)):  # not wait_for: it can swallow a cancel on 3.11
+                await wake.wait()
 
 
 @router.post("/tasks/{task_id}/progress", status_code=204)
