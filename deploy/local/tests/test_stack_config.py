@@ -144,3 +144,25 @@ def test_the_stack_generates_its_own_keys_and_hands_each_service_its_own(tmp_pat
     again = Stack(StackConfig(root=tmp_path)).env_for("identity")
     assert again["GPUAAS_SECRETS_KEYS"] == identity["GPUAAS_SECRETS_KEYS"]
     assert "GPUAAS_SECRETS_KEYS" not in s.env_for("gateway")
+
+
+def test_each_running_stack_gets_its_own_overlay_pool_and_keeps_it_across_restarts(tmp_path: Path) -> None:
+    """Two stacks' agents share this kernel: the same project subnet or VNI in both would refuse the second's
+    bridge. Each claims a slot (its /16 and VNIs) while it runs; a restart takes its remembered slot back."""
+    import ipaddress
+
+    first, second = (Stack(StackConfig(root=tmp_path / n, free_ports=True)) for n in ("a", "b"))
+    a, b = first.env_for("allocations"), second.env_for("allocations")
+    pools = {ipaddress.IPv4Network(e["GPUAAS_ALLOCATIONS_OVERLAY_POOL"]) for e in (a, b)}
+    assert len(pools) == 2 and not next(iter(pools)).overlaps(sorted(pools)[1])
+    assert all(p.subnet_of(ipaddress.IPv4Network("10.208.0.0/12")) for p in pools)
+    vni = sorted(int(e["GPUAAS_ALLOCATIONS_OVERLAY_VNI_BASE"]) for e in (a, b))
+    assert vni[1] - vni[0] >= 256  # a /16 holds 256 segments: the VNI ranges do not overlap either
+    assert "GPUAAS_ALLOCATIONS_OVERLAY_POOL" not in first.env_for("billing")
+    first.stop()  # releases the slot
+    restarted = Stack(StackConfig(root=tmp_path / "a", free_ports=True))
+    again = restarted.env_for("allocations")
+    overlay = ("GPUAAS_ALLOCATIONS_OVERLAY_POOL", "GPUAAS_ALLOCATIONS_OVERLAY_VNI_BASE")
+    assert [again[k] for k in overlay] == [a[k] for k in overlay]  # remembered: its segments keep their subnets
+    restarted.stop()
+    second.stop()

@@ -19,17 +19,33 @@ from gpuaas.allocations.service import overlay
 from .conftest import FakeAgent, World
 
 
+def test_a_configured_pool_cuts_its_own_segments_and_refuses_what_cannot_work() -> None:
+    """A second control plane on the same machine takes a disjoint pool (the devstack gives each stack one)."""
+    small = overlay.OverlayPool.parse("10.211.0.0/16", 0x130000)
+    assert small.segments == 256
+    assert small.subnet_of(0) == ipaddress.IPv4Network("10.211.0.0/24")
+    assert small.subnet_of(255) == ipaddress.IPv4Network("10.211.255.0/24")
+    with pytest.raises(overlay.OverlayExhausted, match="every segment"):
+        small.first_free_index(set(range(256)))
+    with pytest.raises(ValueError, match="at least one /24"):
+        overlay.OverlayPool.parse("10.211.0.0/25", 0x130000)
+    with pytest.raises(ValueError, match="VNIs"):
+        overlay.OverlayPool.parse("10.208.0.0/12", (1 << 24) - 10)
+    with pytest.raises(ValueError):
+        overlay.OverlayPool.parse("10.211.0.1/16", 0x130000)  # host bits set: a typo, not a pool
+
 def test_the_plan_picks_the_lowest_free_index_and_address_and_names_members() -> None:
-    assert overlay.subnet_of(0) == ipaddress.IPv4Network("10.208.0.0/24")
-    assert overlay.subnet_of(300) == ipaddress.IPv4Network("10.209.44.0/24")
-    assert overlay.first_free_index({0, 1, 3}) == 2
-    subnet = overlay.subnet_of(0)
+    pool = overlay.OverlayPool()
+    assert pool.subnet_of(0) == ipaddress.IPv4Network("10.208.0.0/24")
+    assert pool.subnet_of(300) == ipaddress.IPv4Network("10.209.44.0/24")
+    assert pool.first_free_index({0, 1, 3}) == 2
+    subnet = pool.subnet_of(0)
     assert str(overlay.first_free_address(subnet, set())) == "10.208.0.2"  # .1 is every host's gateway
     assert str(overlay.first_free_address(subnet, {"10.208.0.2", "10.208.0.4"})) == "10.208.0.3"
     with pytest.raises(overlay.OverlayExhausted):
         overlay.first_free_address(subnet, {str(a) for a in subnet.hosts()})
     with pytest.raises(overlay.OverlayExhausted):
-        overlay.subnet_of(overlay.SEGMENTS)
+        pool.subnet_of(pool.segments)
     project = uuid.UUID("0123456789abcdef0123456789abcdef")
     a, b, c = (uuid.UUID(int=i) for i in (1, 2, 3))
     members = [(a, "Trainer #1", "10.208.0.2"), (b, "w", "10.208.0.3"), (c, "w", "10.208.0.4")]

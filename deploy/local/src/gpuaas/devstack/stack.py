@@ -52,6 +52,7 @@ from gpuaas.devstack.containers import ContainerKafka
 from gpuaas.devstack.credentials import Credentials
 from gpuaas.devstack.infra import EmbeddedPostgres, Tansu, port_in_use
 from gpuaas.devstack.kafka import ApacheKafka
+from gpuaas.devstack.overlay_slots import OverlaySlot
 from gpuaas.devstack.processes import Lifecycle, ServiceProcesses, run_coro
 from gpuaas.devstack.runtimes import LocalRuntimes, remembered_port, runtimes_wanted
 from gpuaas.devstack.state import STATE_VERSION, process_record, take_over_previous, write_private
@@ -84,6 +85,7 @@ class Stack:
         self._lifecycle = Lifecycle()
         self.cancel = self._lifecycle.cancel  # set it (e.g. from a signal handler) to interrupt start/waits
         self.credentials = Credentials(self.secrets_path, config.admin_email, config.database_url)
+        self.overlay_slot = OverlaySlot(self.root)  # claimed by env_for("allocations"), released by stop
         self.services: list[str] = list(config.services)
         names = [*self.services, *([GATEWAY] if config.gateway else [])]
         self.processes = ServiceProcesses(
@@ -257,6 +259,8 @@ class Stack:
             env["GPUAAS_SECRETS_KEYS"] = self.credentials.secrets_keys
             env[f"{prefix}EVENT_SIGNING_KEY"] = self.credentials.event_signing_key(name)
             env["GPUAAS_EVENT_VERIFY_KEYS"] = self.credentials.event_verify_keys
+        if name == "allocations":  # a pool of its own: other stacks' agents may share this machine's kernel
+            env.update(self.overlay_slot.env())
         if name in (GATEWAY, "allocations"):  # launchable apps' workload secrets (gpuaas.kit.workload_tokens)
             env["GPUAAS_WORKLOAD_TOKEN_KEY"] = self.credentials.workload_token_key
         if name == "identity":
@@ -425,6 +429,7 @@ class Stack:
                 self.processes.stop([service], timeout_s)
                 self._write_state()
                 return
+            self.overlay_slot.release()  # (claimed by env_for even when the stack never started)
             if not lc.started:
                 return
             self.agents.stop()

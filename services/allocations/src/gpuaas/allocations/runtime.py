@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import asyncssh
 
 from gpuaas.allocations import service
+from gpuaas.allocations.service import overlay
+from gpuaas.allocations.settings import Settings
 from gpuaas.kit.app import KitRuntime
 
 
@@ -71,7 +73,10 @@ class AllocationsRuntime:
 
 
 async def start_runtime(kit: KitRuntime) -> None:
-    """Startup hook: the wake-ups, and the platform CA (created once: the first replica's key wins)."""
+    """Startup hook: the overlay pool, the wake-ups, and the platform CA (created once: the first replica's key
+    wins)."""
+    settings = kit.settings_as(Settings)
+    overlay.configure(overlay.OverlayPool.parse(settings.overlay_pool, settings.overlay_vni_base))
     state = AllocationsRuntime()
     kit.state = state
     candidate = asyncssh.generate_private_key("ssh-ed25519")

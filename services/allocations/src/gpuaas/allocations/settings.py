@@ -31,5 +31,10 @@ class Settings(ServiceSettings):
     preemption_grace_s: float = 120.0
     # At the deadline: SIGTERM, then SIGKILL after this many seconds (podman stop -t).
     preemption_stop_timeout_s: float = 10.0
+    # Project overlays across hosts (issue 27): the IPv4 pool each project's /24 is cut from. Control planes whose
+    # agents share a machine (two dev stacks) need disjoint pools (the devstack gives each running stack a /16).
+    overlay_pool: str = "10.208.0.0/12"
+    # The VXLAN id of the pool's first segment (segment i is base + i; disjoint per control plane, as the pool).
+    overlay_vni_base: int = 0x100000
     # Browser terminal: lifetime of the platform's per-session SSH certificate.
     terminal_cert_ttl_s: int = 120

@@ -1,8 +1,8 @@
 """A project's overlay across hosts (issue 27 item 1): the address plan the agents build the segment from.
 
     segment   one per project with live allocations on container hosts: an index, the lowest not held by another
-              live project; VNI = VNI_BASE + index, subnet = the index-th /24 of 10.208.0.0/12 (gateway: its first
-              address, the project bridge's on every host)
+              live project; VNI = the pool's VNI base + index, subnet = the index-th /24 of the pool (default
+              10.208.0.0/12; gateway: its first address, the project bridge's on every host)
     address   per allocation, the lowest free in its project's subnet; kept in the allocation's `network`
               (`overlay`), so restart and resize keep it, and freed when the allocation is released or failed
     peers     the hosts of the project's live members (their ENROLLED address: the underlay), each with its members
@@ -20,6 +20,7 @@ import ipaddress
 import re
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -29,9 +30,7 @@ from gpuaas.allocations.models import allocations, hosts
 from gpuaas.contracts.agent import OverlaySpec
 from gpuaas.contracts.enums import AllocationStatus
 
-POOL = ipaddress.IPv4Network("10.208.0.0/12")  # not 10.128/9: the default VPC of a large cloud
-SEGMENTS = 1 << (24 - POOL.prefixlen)  # /24s in the pool: 4096 projects at once, 253 members each
-VNI_BASE = 0x100000
+DEFAULT_POOL = ipaddress.IPv4Network("10.208.0.0/12")  # not 10.128/9: the default VPC of a large cloud
 LOCK_KEY = 0x67707561_6F766C  # pg_advisory_xact_lock: "gpua" "ovl"
 ENDED = (AllocationStatus.released, AllocationStatus.failed)
 
@@ -40,17 +39,53 @@ class OverlayExhausted(RuntimeError):
     pass
 
 
-def subnet_of(index: int) -> ipaddress.IPv4Network:
-    if not 0 <= index < SEGMENTS:
-        raise OverlayExhausted(f"segment index {index} outside the pool {POOL}")
-    return ipaddress.IPv4Network((int(POOL.network_address) + (index << 8), 24))
+@dataclass(frozen=True)
+class OverlayPool:
+    """The addresses and VXLAN ids the segments are cut from: one /24 and one VNI per segment. A deployment's
+    constant (settings `overlay_pool`, `overlay_vni_base`); two control planes whose agents share a machine need
+    disjoint pools, or the second's project bridge is refused ("subnet already used") and its VXLAN ids collide."""
+
+    network: ipaddress.IPv4Network = DEFAULT_POOL
+    vni_base: int = 0x100000
+
+    def __post_init__(self) -> None:
+        if self.network.prefixlen > 24:
+            raise ValueError(f"the overlay pool {self.network} must hold at least one /24")
+        if not self.vni_base >= 1 or self.vni_base + self.segments >= 1 << 24:
+            raise ValueError(f"VNIs {self.vni_base}..+{self.segments} must lie in 1..2^24-1")
+
+    @classmethod
+    def parse(cls, network: str, vni_base: int) -> OverlayPool:
+        return cls(ipaddress.IPv4Network(network), vni_base)
+
+    @property
+    def segments(self) -> int:
+        """/24s in the pool (the default: 4096 projects at once, 253 members each)."""
+        return 1 << (24 - self.network.prefixlen)
+
+    def subnet_of(self, index: int) -> ipaddress.IPv4Network:
+        if not 0 <= index < self.segments:
+            raise OverlayExhausted(f"segment index {index} outside the pool {self.network}")
+        return ipaddress.IPv4Network((int(self.network.network_address) + (index << 8), 24))
+
+    def first_free_index(self, used: set[int]) -> int:
+        index = next((i for i in range(self.segments) if i not in used), None)
+        if index is None:
+            raise OverlayExhausted(f"every segment of {self.network} is in use")
+        return index
 
 
-def first_free_index(used: set[int]) -> int:
-    index = next((i for i in range(SEGMENTS) if i not in used), None)
-    if index is None:
-        raise OverlayExhausted(f"every segment of {POOL} is in use")
-    return index
+_pool = OverlayPool()
+
+
+def configure(pool: OverlayPool) -> None:
+    """Set at startup from the settings (a deployment constant, like the lock key; not per request)."""
+    global _pool
+    _pool = pool
+
+
+def pool() -> OverlayPool:
+    return _pool
 
 
 def first_free_address(subnet: ipaddress.IPv4Network, used: set[str]) -> ipaddress.IPv4Address:
@@ -145,10 +180,10 @@ async def overlay_for(session: AsyncSession, row: Any) -> OverlaySpec | None:
             index = int(others[0].network["overlay"]["index"])
         else:
             q = select(allocations.c.network["overlay"]["index"].astext).where(_live()).distinct()
-            index = first_free_index({int(i) for (i,) in (await session.execute(q)).all() if i is not None})
-        subnet = subnet_of(index)
+            index = _pool.first_free_index({int(i) for (i,) in (await session.execute(q)).all() if i is not None})
+        subnet = _pool.subnet_of(index)
         address = first_free_address(subnet, {m.network["overlay"]["address"] for m in others})
-        assigned = {"index": index, "vni": VNI_BASE + index, "subnet": str(subnet), "address": str(address)}
+        assigned = {"index": index, "vni": _pool.vni_base + index, "subnet": str(subnet), "address": str(address)}
         network = {
             "hostname": None,
             **(row.network or {}),

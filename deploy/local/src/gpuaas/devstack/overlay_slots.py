@@ -1,0 +1,69 @@
+"""A disjoint overlay pool per running stack on this machine (issue 27).
+
+Every stack's agents build their projects' bridges and VXLAN devices in the same kernel: two stacks on the
+default pool would both give their first project 10.208.0.0/24 and VNI 0x100000, and the second's bridge is
+refused ("subnet already used on the host"). A stack therefore claims one of 16 slots with an exclusive
+`flock` held while it runs (released by stop, or by the kernel when its process dies), and hands allocations
+that slot's /16 and VNI range. The root remembers its slot: a restarted stack takes the same one when free, so
+its projects' existing segments keep their subnets."""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import tempfile
+from pathlib import Path
+
+SLOTS = 16
+POOL = ipaddress.IPv4Network("10.208.0.0/12")  # the service's default pool, cut into 16 /16s
+VNI_BASE = 0x100000  # the service's default; each slot gets 256 ids (one per /24 of its /16)
+LOCK_DIR = Path(tempfile.gettempdir()) / "gpuaas-overlay-slots"
+
+
+class NoFreeSlot(RuntimeError):
+    pass
+
+
+class OverlaySlot:
+    def __init__(self, root: Path) -> None:
+        self.remembered = root / "overlay-slot"
+        self._fd: int | None = None
+        self.slot: int | None = None
+
+    def claim(self) -> int:
+        """This stack's slot (the remembered one when free, else the lowest free), held until `release`."""
+        if self.slot is not None:
+            return self.slot
+        LOCK_DIR.mkdir(mode=0o1777, exist_ok=True)
+        try:
+            previous = int(self.remembered.read_text())
+        except (OSError, ValueError):
+            previous = None
+        order = [previous] if previous is not None and 0 <= previous < SLOTS else []
+        for slot in [*order, *(s for s in range(SLOTS) if s != previous)]:
+            fd = os.open(LOCK_DIR / f"slot-{slot}", os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._fd, self.slot = fd, slot
+            self.remembered.parent.mkdir(parents=True, exist_ok=True)
+            self.remembered.write_text(str(slot))
+            return slot
+        raise NoFreeSlot(f"{SLOTS} stacks already run on this machine (locks in {LOCK_DIR})")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+        self._fd = self.slot = None
+
+    def env(self) -> dict[str, str]:
+        """The allocations service's settings for the claimed slot."""
+        slot = self.claim()
+        network = ipaddress.IPv4Network((int(POOL.network_address) + (slot << 16), 16))
+        return {
+            "GPUAAS_ALLOCATIONS_OVERLAY_POOL": str(network),
+            "GPUAAS_ALLOCATIONS_OVERLAY_VNI_BASE": str(VNI_BASE + (slot << 8)),
+        }
