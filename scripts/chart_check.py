@@ -57,11 +57,15 @@ EXPECT: dict[str, dict[str, int]] = {
         "Secret": 3,
     },
     "agent-declared-gpus": {"Deployment": 6, "DaemonSet": 1, "HorizontalPodAutoscaler": 0},
+    "openbao": {"Deployment": 7, "Job": 1, "Secret": 3},
 }
 # (name, --set arguments on top of the minimal set, text the error must contain)
 MUST_FAIL = [
     ("vault without a token", ["credentials.backend=vault"], "credentials.vault.tokenSecret.name is required"),
     ("SASL without a user", ["kafka.securityProtocol=SASL_SSL"], "kafka.sasl.username is required"),
+    ("keys from Vault without a server", ["vault.keySource=vault"], "vault.keySource vault needs vault.url"),
+    ("Vault without the services' AppRoles", ["vault.url=https://v:8200"], "vault.existingSecret is required"),
+    ("transit custody without Vault", ["credentials.backend=transit"], "credentials.backend transit needs vault.url"),
     ("agent without a token", ["nodeAgent.enabled=true"], "nodeAgent.tokenSecret.name is required"),
     ("provisioning without admin URL", ["postgres.adminSecret.name="], "postgres.adminSecret.name is required"),
     (

@@ -35,10 +35,12 @@ WANTED: dict[str, dict[str, str]] = {
         "Allocation": "Allocation",
         "TimelineEntry": "AllocationTimelineEntry",
         "SshKey": "SshKey",
+        "SshHostKey": "SshHostKey",
         "SshGrantState": "SshGrant",
         "Volume": "Volume",
         "RuntimeOption": "RuntimeOption",
         "CapacityQueue": "CapacityQueue",
+        "QueueHistory": "QueueHistory",
     },
     "catalog": {"Manifest": "Manifest", "Artifact": "Artifact"},
     "app_runtime": {

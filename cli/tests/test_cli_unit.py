@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from gpuaas.cli import sso
 from gpuaas.cli.commands.apps import parse_config
-from gpuaas.cli.config import DEFAULT_URL, Config, resolve_url
+from gpuaas.cli.config import DEFAULT_URL, Config, remember_host_key, resolve_url
 from gpuaas.cli.main import app
 
 
@@ -53,6 +53,19 @@ def test_config_file_is_private(isolated: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     loaded = Config.load()
     assert (loaded.url, loaded.access_token, loaded.project_id) == ("http://x", "secret", "p")
+
+
+def test_pinned_host_keys_replace_an_endpoints_earlier_key_and_keep_the_others(isolated: Path) -> None:
+    """`alloc ssh` writes the key the platform pinned; a re-pinned endpoint's old key must not linger (OpenSSH
+    would accept either), another endpoint's key stays."""
+    path = remember_host_key("[10.0.0.1]:2222 ssh-ed25519 AAAAold")
+    assert path == isolated / "cfg" / "known_hosts"
+    remember_host_key("[10.0.0.2]:2222 ssh-ed25519 AAAAother")
+    remember_host_key("[10.0.0.1]:2222 ssh-ed25519 AAAAnew")
+    assert path.read_text().splitlines() == [
+        "[10.0.0.2]:2222 ssh-ed25519 AAAAother",
+        "[10.0.0.1]:2222 ssh-ed25519 AAAAnew",
+    ]
 
 
 def test_config_pairs() -> None:

@@ -55,12 +55,15 @@ def engine_env() -> dict[str, str]:
 
 
 def compose_cmd() -> list[str]:
+    # With GPUAAS_DEPLOY_VAULT_URL the services take their keys from that Vault/OpenBao (vault.yaml overlay).
+    vault = ["-f", str(HERE / "vault.yaml")] if os.environ.get("GPUAAS_DEPLOY_VAULT_URL") else []
     return [
         *shlex.split(os.environ.get("GPUAAS_COMPOSE", "podman-compose")),
         "-p",
         PROJECT,
         "-f",
         str(HERE / "compose.yaml"),
+        *vault,
     ]
 
 

@@ -172,8 +172,11 @@ async def test_cli_against_the_stack(stack: Stack, gw: httpx.AsyncClient, regist
         argv = (await cli.json("alloc", "ssh", "cli-test", "--print"))["argv"]  # by name (issue 21)
         port, target = int(argv[argv.index("-p") + 1]), argv[-1]
         user, hostname = target.split("@")
+        # The host is verified against the key the platform pinned (issue 28), never trusted on first use.
+        assert "StrictHostKeyChecking=yes" in argv, argv
+        known_hosts = next(a.split("=", 1)[1] for a in argv if a.startswith("UserKnownHostsFile="))
         async with asyncssh.connect(
-            hostname, port, username=user, client_keys=[key], known_hosts=None, agent_path=None, config=None
+            hostname, port, username=user, client_keys=[key], known_hosts=known_hosts, agent_path=None, config=None
         ) as conn:
             assert (await conn.run("echo cli-$((6*7))", check=True, timeout=20)).stdout.strip() == "cli-42"
 

@@ -13,8 +13,10 @@ runtime, its digest, the driver and the limits, and after release the agent's re
 hosts page shows the host's driver and tenancy. Issue 21: the tenant sees no operator menu, the SSH grant picks
 the member by name and email (the grant row shows the member, not a raw id), the deploy wizard shows the
 app's runtime image, a non-launchable instance has no "Open" button, the operator's capacity page draws (its
-charts are checked against the APIs in test_console_insight.py). Any console error fails it; every page is
-screenshotted.
+charts are checked against the APIs in test_console_insight.py). Issue 29: a request for all the host's GPUs,
+made while the first allocation holds two, waits `queued` and its page shows its position and the reason in
+words, then it is cancelled; the operator's queue page shows the tenant's queue (its weight) and a chart of
+the queues' shares with the GPUs the tenant held. Any console error fails it; every page is screenshotted.
 (SSO from the console is in test_identity_sso.py, next to the enterprise IdP it needs.)"""
 
 from __future__ import annotations
@@ -189,6 +191,9 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
             return (await gw.get(f"/api/allocations/hosts/{host['host_id']}")).json().get("status") == "ready"
 
         await eventually(host_ready, 60, "host ready")
+        # A queue of the pool for the tenant (weight 2: what the operator's queue page must show).
+        r = await gw.put(f"/api/allocations/tenants/{tid}/queues/L40S-48GB", json={"weight": 2})
+        assert r.status_code == 200, r.text
         # With the runtime images (container driver) the browser picks a runtime other than the default.
         scipy = stack.runtimes.pushed.get(RUNTIME_SLUG)
         runtime_env = (
@@ -241,6 +246,8 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
                 "MEMBER_USER_ID": colleague,
                 "MEMBER_PUBLIC_KEY": colleague_key,
                 "BUDGET_NAME": budget,
+                "TENANT_ID": tid,
+                "HOST_GPUS": "4",
                 **runtime_env,
             },
         )
@@ -256,6 +263,7 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
             "decommission the instance",
             "the cost appears",
             "budgets: create one and see it listed",
+            "a request that does not fit waits: position and reason, then cancelled",
         ):
             assert name in names, name
         assert len(result["screenshots"]) >= 28
@@ -278,6 +286,15 @@ async def test_console_in_a_real_browser(stack: Stack, gw: httpx.AsyncClient, re
         assert await stack.fetchval("app_runtime", sql, uuid.UUID(result["instance"])) == "decommissioned"
         r = await gw.get("/api/billing/charges", params={"project_id": pid, "allocation_id": alloc})
         assert r.status_code == 200 and r.json(), r.text
+        # The queued request waited with its reason, got no GPUs and was cancelled; the chart drew the tenant.
+        assert "position 1" in result["queueNotice"] and "no ready host" in result["queueNotice"], result
+        sql = "SELECT status, host_id FROM allocations WHERE allocation_id = $1"
+        (queued,) = await stack.fetch("allocations", sql, uuid.UUID(result["queued"]))
+        assert (queued["status"], queued["host_id"]) == ("released", None), dict(queued)
+        sql = "SELECT message FROM timeline WHERE allocation_id = $1 AND phase = 'queue' ORDER BY seq"
+        messages = [m["message"] for m in await stack.fetch("allocations", sql, uuid.UUID(result["queued"]))]
+        assert messages[0].startswith("waiting in the L40S-48GB queue") and "cancelled" in messages[-1], messages
+        assert result["queueShares"], result
         # ... and so are the restart, the resize, the grant, the attachment, the worker and the budget.
         sql = "SELECT kind, status FROM agent_tasks WHERE allocation_id = $1"
         tasks = {(t["kind"], t["status"]) for t in await stack.fetch("allocations", sql, uuid.UUID(alloc))}

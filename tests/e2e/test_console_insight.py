@@ -5,7 +5,8 @@ projects), releases two of them (metering records their GPU time, billing rates 
 running; a budget is set. The browser (web/console/tests/insight.e2e.mjs) then reads, as the tenant admin,
 the spend-per-day chart, the GPU-hours charts by project and by GPU model, and a released allocation's
 cost-so-far chart, checks the SSH member picker lists the member by email and that the tenant sees no
-operator menu; as the operator, the capacity chart of the host class and the occupancy grid. Every chart
+operator menu, and the queue page (issue 29: each queue's GPUs in use now and its share over time, per GPU model);
+as the operator, the capacity chart of the host class and the occupancy grid. Every chart
 is screenshotted, and the numbers each chart draws are compared here with the billing, metering and
 allocations APIs."""
 
@@ -183,6 +184,32 @@ async def test_charts_show_the_metered_run(stack: Stack, gw: httpx.AsyncClient, 
         assert dec(cost["total"]) == charged_total == dec(result["allocCost"]["total"]) > 0
         assert dec(cost["values"]["series"]["Cost so far"][-1]) == charged_total
         assert "USD" in result["allocCost"]["text"]
+        # Queues (issue 29): the tenant's and its projects' usage now, and each project's share over the window the
+        # page drew (asked again with the same window: the same numbers; `serve` still runs, nothing else changed).
+        async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30, headers=ada) as c:
+            views = (await c.get(f"/api/allocations/tenants/{tid}/queues")).json()
+            wanted = {(q["gpu_model"], q["scope"], q["scope_id"]): q["in_use"] for q in views}
+            shown_rows = {(q["gpu_model"], q["scope"], q["scope_id"]): q["in_use"] for q in result["queueRows"]}
+            assert shown_rows == wanted and wanted[(MODELS[1], "project", pid)] == 1, (shown_rows, wanted)
+            assert {chart_id.removeprefix("chart-queue-share-") for chart_id in result["queueCharts"]} == {
+                m.replace(".", "_") for m in MODELS
+            }
+            for chart_id in result["queueCharts"]:
+                drawn = charts[chart_id]
+                r = await c.get(
+                    f"/api/allocations/tenants/{tid}/queue-history",
+                    params={"since": drawn["since"], "until": drawn["until"], "points": len(drawn["values"]["labels"])}
+                    | {"gpu_model": drawn["gpuModel"]},
+                )
+                assert r.status_code == 200, r.text
+                expected = {
+                    names[q["scope_id"]]: [p["mean"] for p in q["points"]]
+                    for q in r.json()["queues"]
+                    if q["scope"] == "project"
+                }
+                assert drawn["values"]["series"] == expected, (chart_id, drawn["values"]["series"], expected)
+                held_by = {name for name, values in expected.items() if any(v > 0 for v in values)}
+                assert held_by == ({"alpha"} if drawn["gpuModel"] == MODELS[0] else {"alpha", "beta"}), held_by
         # Capacity: the host class's used GPUs now and over time, and the occupancy grid, as allocations has them.
         r = await gw.get("/api/allocations/capacity")
         cap = next(k for k in r.json()["classes"] if k["host_class"] == host_class)

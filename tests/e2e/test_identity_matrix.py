@@ -264,6 +264,9 @@ ROWS.update(
             setup=_offered_model, body=lambda w: {"guarantee": 0}
         ),
         ("GET", f"{_A}/queues"): Row(target="platform"),  # operators' view of every pool
+        ("GET", f"{_A}/tenants/{{tenant_id}}/queues"): Row(),  # a tenant admin's queues of every pool
+        ("GET", f"{_A}/queue-history"): Row(target="platform"),  # every tenant queue's share over time
+        ("GET", f"{_A}/tenants/{{tenant_id}}/queue-history"): Row(),  # the tenant's and its projects' shares
         ("GET", f"{_A}/projects/{{project_id}}/queues/{{gpu_model}}"): Row(
             setup=lambda w: _const({"gpu_model": "H100-80GB"})
         ),
@@ -289,6 +292,7 @@ for _m, _p in [
     ("POST", "/allocations/{allocation_id}/retry-release"),
     ("GET", "/allocations/{allocation_id}/timeline"),
     ("GET", "/allocations/{allocation_id}/timeline/stream"),
+    ("GET", "/allocations/{allocation_id}/ssh-host-key"),
     ("POST", "/allocations/{allocation_id}/ssh-grants"),
     ("GET", "/allocations/{allocation_id}/ssh-grants"),
     ("DELETE", "/allocations/{allocation_id}/ssh-grants/{grant_id}"),
@@ -464,6 +468,7 @@ PINNED: dict[tuple[str, str], tuple[str, str]] = {
         "2xx 2xx 403 403 403 404",
     ),
     ("GET", "/api/allocations/queues"): ("allocations.queue.operate", PLATFORM_ONLY),
+    ("GET", "/api/allocations/queue-history"): ("allocations.queue.operate", PLATFORM_ONLY),
     ("POST", "/api/identity/projects/{project_id}/service-accounts"): (
         "identity.service_account.manage",
         "2xx 2xx 2xx 403 403 404",

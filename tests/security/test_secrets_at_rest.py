@@ -11,6 +11,7 @@ Real Postgres and a real broker (the session's `infra`); the services run in-pro
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from typing import Any
@@ -254,3 +255,44 @@ async def test_database_errors_carry_no_parameters(infra: Any) -> None:
         assert secret not in str(failed.value) and "hidden due to hide_parameters" in str(failed.value)
     finally:
         await engine.dispose()
+
+
+@pytest.mark.integration
+async def test_identity_moves_its_keyring_to_vault_and_rotates_there(infra: Any, vault: Any) -> None:
+    """The `vault` key source on a real OpenBao (this test's own mounts): identity started with the env keyring,
+    then with the same data key wrapped by its Transit key in KV (and its signing key in KV), logging in with
+    its AppRole under the committed policy and nothing in GPUAAS_SECRETS_KEYS — its rows still open; a new
+    data key added in Vault re-seals them at the next start."""
+    from gpuaas.kit.event_signing import generate_seed
+    from gpuaas.kit.vault import TransitKey, VaultClient
+    from gpuaas.kit.vault_keys import wrap_new_key
+
+    schema, url = await new_service_db(infra.admin_url, "sec_identity_vault", IDENTITY)
+    env_keys = generate_key_text("first")
+    await login_works(app_on(IDENTITY, infra, schema, url, env_keys))
+
+    vault.transit_key("identity")
+    transit = TransitKey(VaultClient(vault.token_config()), vault.transit, "identity")
+    kid, _, key_b64 = env_keys.partition(":")
+    wrapped = transit.wrap(base64.b64decode(key_b64), f"identity:{kid}".encode())
+    vault.put("identity/secrets-keys", keys=f"{kid}:{wrapped}")
+    vault.put("identity/event-signing", seed=generate_seed())
+    role = vault.approle("gpuaas-identity", vault.service_policy("identity"))
+    from_vault: dict[str, Any] = {
+        "secrets_key_source": "vault",
+        "event_signing_key": "",
+        "vault_url": role.url,
+        "vault_role_id": role.role_id,
+        "vault_secret_id": role.secret_id,
+        "vault_approle_mount": role.approle_mount,
+        "vault_kv_mount": vault.kv,
+        "vault_transit_mount": vault.transit,
+    }
+    await login_works(app_on(IDENTITY, infra, schema, url, "", **from_vault))  # the same rows, keys from Vault
+    rows = await raw(url, schema, "SELECT private_jwk::text AS p FROM signing_keys")
+    assert rows and all(PREFIX + "first:" in r["p"] for r in rows)
+
+    vault.put("identity/secrets-keys", keys=wrap_new_key(f"{kid}:{wrapped}", transit, "identity", "second"))
+    await login_works(app_on(IDENTITY, infra, schema, url, "", **from_vault))
+    rows = await raw(url, schema, "SELECT private_jwk::text AS p FROM signing_keys")
+    assert all(PREFIX + "second:" in r["p"] for r in rows)  # re-sealed under the new data key at start

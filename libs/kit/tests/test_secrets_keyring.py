@@ -1,5 +1,6 @@
 """Unit tests of the secrets-at-rest keyring (gpuaas.kit.secrets_at_rest) and the envelope signatures
-(gpuaas.kit.event_signing): no default key, bound associated data, rotation, canonical bytes."""
+(gpuaas.kit.event_signing): no default key, bound associated data, rotation, canonical bytes. The keyring
+tests run with both key sources: the environment and (integration) a real OpenBao's Transit."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from gpuaas.kit.event_signing import EventSigner, EventVerifier, SignatureError,
 from gpuaas.kit.idempotency import holds_secret
 from gpuaas.kit.secrets_at_rest import Keyring, SecretsKeyError, generate_key_text, is_sealed
 from gpuaas.kit.testing_events import platform_admin
+from gpuaas.kit.vault import SecretsUnavailable, TransitKey, VaultClient, ciphertext_version
+from gpuaas.kit.vault_keys import rewrap_keyring, unwrap_keyring, wrap_new_key, wrapped_entries
 
 
 def test_missing_malformed_and_published_keys_are_refused() -> None:
@@ -28,27 +31,72 @@ def test_missing_malformed_and_published_keys_are_refused() -> None:
         Keyring.parse("k:ZGV2LW9ubHkta2VrLWRvLW5vdC11c2UtaW4tcHJvZCE=")
 
 
-def test_sealed_values_are_bound_to_their_row_and_key() -> None:
-    ring = Keyring.parse(generate_key_text("a"))
+class KeySource:
+    """Where a keyring's data keys come from: the environment (`kid:base64key`) or Vault (`kid:vault:vN:...`,
+    each data key wrapped by the service's Transit key and unwrapped at start; gpuaas.kit.vault_keys)."""
+
+    def __init__(self, transit: TransitKey | None = None) -> None:
+        self.transit = transit
+
+    def entry(self, kid: str) -> str:
+        if self.transit is None:
+            return generate_key_text(kid)
+        return wrap_new_key("", self.transit, "svc", kid)
+
+    def ring(self, text: str) -> Keyring:
+        return Keyring.parse(text) if self.transit is None else unwrap_keyring(text, self.transit, "svc")
+
+
+@pytest.fixture(params=["env", pytest.param("vault", marks=pytest.mark.integration)])
+def source(request: pytest.FixtureRequest) -> KeySource:
+    if request.param == "env":
+        return KeySource()
+    box = request.getfixturevalue("vault")  # this test's own Transit mount on the session's OpenBao
+    box.transit_key("svc")
+    return KeySource(TransitKey(VaultClient(box.token_config()), box.transit, "svc"))
+
+
+def test_sealed_values_are_bound_to_their_row_and_key(source: KeySource) -> None:
+    ring = source.ring(source.entry("a"))
     sealed = ring.seal("s3cret-value", "t.c:row1")
     assert is_sealed(sealed) and "s3cret" not in sealed and sealed.startswith("gpuaas:enc:v1:a:")
     assert ring.open(sealed, "t.c:row1") == "s3cret-value"
     with pytest.raises(SecretsKeyError, match="does not open"):  # copied to another row
         ring.open(sealed, "t.c:row2")
     with pytest.raises(SecretsKeyError, match="does not open"):  # same key id, other key bytes
-        Keyring.parse(generate_key_text("a")).open(sealed, "t.c:row1")
+        source.ring(source.entry("a")).open(sealed, "t.c:row1")
     with pytest.raises(SecretsKeyError, match="does not hold"):
-        Keyring.parse(generate_key_text("b")).open(sealed, "t.c:row1")
+        source.ring(source.entry("b")).open(sealed, "t.c:row1")
     doc = {"d": "private", "kty": "EC"}
     assert ring.open_json(ring.seal_json(doc, "ctx"), "ctx") == doc
 
 
-def test_rotation_opens_old_values_and_seals_with_the_first_key() -> None:
-    old, new = generate_key_text("old"), generate_key_text("new")
-    sealed = Keyring.parse(old).seal("v", "ctx")
-    rotated = Keyring.parse(f"{new},{old}")
+def test_rotation_opens_old_values_and_seals_with_the_first_key(source: KeySource) -> None:
+    old, new = source.entry("old"), source.entry("new")
+    sealed = source.ring(old).seal("v", "ctx")
+    rotated = source.ring(f"{new},{old}")
     assert rotated.open(sealed, "ctx") == "v" and rotated.needs_reseal(sealed)
     assert not rotated.needs_reseal(rotated.seal("v", "ctx"))
+
+
+@pytest.mark.integration
+def test_a_transit_rotation_rewraps_the_data_keys_without_changing_them(vault) -> None:
+    """The Vault source's own rotation: the Transit key rotates, the wrapped keyring moves to the new version
+    (`rewrap_keyring`), the data keys stay the same (values sealed before still open), and once the old
+    version is retired only the re-wrapped keyring unwraps."""
+    vault.transit_key("svc")
+    transit = TransitKey(VaultClient(vault.token_config()), vault.transit, "svc")
+    text = wrap_new_key(wrap_new_key("", transit, "svc", "k1"), transit, "svc", "k2")
+    sealed = unwrap_keyring(text, transit, "svc").seal("v", "ctx")
+    assert vault.rotate("svc") == 2
+    moved = rewrap_keyring(text, transit, "svc")
+    assert all(ciphertext_version(w) == 2 for _, w in wrapped_entries(moved))
+    vault.root.secrets.transit.update_key_configuration(name="svc", min_decryption_version=2, mount_point=vault.transit)
+    assert unwrap_keyring(moved, transit, "svc").open(sealed, "ctx") == "v"
+    with pytest.raises(SecretsUnavailable):  # the retired version no longer unwraps
+        unwrap_keyring(text, transit, "svc")
+    with pytest.raises(SecretsUnavailable):  # a data key moved to another key id: another context
+        unwrap_keyring(moved.replace("k1:", "kx:", 1), transit, "svc")
 
 
 def test_signature_covers_the_canonical_envelope_and_names_the_owner() -> None:

@@ -235,6 +235,32 @@ CASES: list[tuple[str, Call, Any, tuple[str, str, dict[str, str], Any, str | Non
         Costs,
     ),
     ("me", lambda c: c.me(), ME, ("GET", "/api/identity/me", {}, None, None), Me),
+    (
+        "create a project admin",
+        lambda c: c.create_user("t1", "a@b.example", "correct-horse-battery", role="project_admin", project_id="p1"),
+        {"user_id": ID},
+        (
+            "POST",
+            "/api/identity/tenants/t1/users",
+            {},
+            {
+                "email": "a@b.example",
+                "password": "correct-horse-battery",
+                "display_name": "",
+                "role": "project_admin",
+                "project_id": "p1",
+            },
+            None,
+        ),
+        dict,
+    ),
+    (
+        "add a project member",
+        lambda c: c.add_project_member("p1", "u1", "project_member"),
+        {"membership_id": ID},
+        ("POST", "/api/identity/projects/p1/members", {}, {"user_id": "u1", "role": "project_member"}, None),
+        dict,
+    ),
 ]
 
 

@@ -281,3 +281,33 @@ async def test_a_request_no_host_can_take_does_not_hold_back_one_that_fits(world
     admitted = await w.wait_status("owner", fits["allocation_id"], "provisioning", "active", timeout_s=15)
     assert admitted["host_id"] is not None
     assert (await _get(w, "owner", stuck["allocation_id"]))["status"] == "queued"
+
+
+async def test_a_request_that_cannot_run_as_asked_fails_instead_of_wedging_its_pool(world: World) -> None:
+    """Admission found GPUs for a request on a container host, but no runtime is in the catalog (it left after
+    the request queued): the request fails with the create's problem, and the pool's later requests still run.
+    Before: the problem escaped the cycle, which rolled back on every run, so nothing in the pool was admitted."""
+    from .conftest import FakeAgent
+
+    w = world
+    host = await w.enrol("no-runtime-1")
+    agent = FakeAgent(w.url, host["node_token"])
+    try:
+        assert (await agent.register(driver="container")).status_code == 200
+        async with w.client("op") as c:
+            assert (await c.post(f"/hosts/{host['host_id']}/cordon", json={"reason": "queue up"})).status_code == 200
+        stuck = [(await w.create("owner")).json() for _ in range(2)]
+        assert {a["status"] for a in stuck} == {"queued"}, stuck
+        async with w.client("op") as c:
+            assert (await c.post(f"/hosts/{host['host_id']}/uncordon")).status_code == 200
+        for a in stuck:
+            failed = await w.wait_status("owner", a["allocation_id"], "failed", timeout_s=20)
+            assert "runtime_unavailable" in failed["failure_reason"], failed
+            assert failed["host_id"] is None and failed["gpu_indices"] == []
+        assert await _rows(w, "SELECT * FROM gpu_assignments") == []
+        other = await w.enrol("process-1")
+        await register_without_agent(w, other["node_token"], 1)
+        fits = (await w.create("owner")).json()
+        await w.wait_status("owner", fits["allocation_id"], "provisioning", "active", timeout_s=20)
+    finally:
+        await agent.aclose()

@@ -248,3 +248,68 @@ async def test_terminal_refuses_an_endpoint_whose_host_key_is_not_the_pinned_one
             await asyncio.wait_for(ws.recv(), 15)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 4503
         assert "host key" in closed.value.rcvd.reason
+
+
+async def test_the_pinned_host_key_is_published_to_readers_and_the_sdk_refuses_another(world: World) -> None:
+    """Issue 28: clients verify the host with the key the platform pinned (the browser terminal always did). The
+    API gives each reader the endpoint's key and a known_hosts line; the SDK's SSH helper connects when the
+    server shows that key and refuses, without retrying, a server that shows another."""
+    from gpuaas.sdk.controller import exec as sdk_exec
+
+    w = world
+    host = await enrol(w, "pub-1")
+    agent = FakeAgent(w.url, host["node_token"])
+    server: asyncssh.SSHAcceptor | None = None
+    try:
+        assert (await agent.register(driver="process", isolates_tenants=False, ssh_port=2202)).status_code == 200
+        aid = (await w.create("owner")).json()["allocation_id"]
+        async with w.client("owner") as c, w.client("stranger") as other:
+            pin = (await c.get(f"/allocations/{aid}/ssh-host-key")).json()
+            assert (await other.get(f"/allocations/{aid}/ssh-host-key")).status_code in (403, 404)
+        key = " ".join(agent.public_host_key.split()[:2])
+        assert pin == {
+            "host": "127.0.0.1",
+            "port": 2202,
+            "username": pin["username"],
+            "host_key": key,
+            "fingerprint": fingerprint(agent.public_host_key),
+            "known_hosts": f"[127.0.0.1]:2202 {key}",
+        }
+        queued = (await w.create("owner", gpu_count=16)).json()  # no host fits: queued, not placed
+        async with w.client("owner") as c:
+            r = await c.get(f"/allocations/{queued['allocation_id']}/ssh-host-key")
+        assert r.status_code == 409 and r.json()["code"] == "no_ssh_endpoint", r.text
+
+        # A real SSH server showing the pinned key, then one showing another key, at the same endpoint.
+        user_key, user_public = ssh_key()
+
+        class Server(asyncssh.SSHServer):
+            def begin_auth(self, username: str) -> bool:
+                return True
+
+            def public_key_auth_supported(self) -> bool:
+                return True
+
+            def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+                return key.export_public_key().decode().split()[:2] == user_public.split()[:2]
+
+        async def serve(host_key: asyncssh.SSHKey) -> tuple[asyncssh.SSHAcceptor, int]:
+            acceptor = await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[host_key])
+            return acceptor, acceptor.sockets[0].getsockname()[1]
+
+        private = user_key.export_private_key().decode()
+        server, port = await serve(agent.host_key)
+        line = pin["known_hosts"].replace("2202", str(port))
+        async with sdk_exec.connect(sdk_exec.Endpoint("127.0.0.1", port, "u", known_hosts=line), private, wait_s=5):
+            pass
+        server.close()
+        server, port = await serve(asyncssh.generate_private_key("ssh-ed25519"))
+        line = pin["known_hosts"].replace("2202", str(port))
+        endpoint = sdk_exec.Endpoint("127.0.0.1", port, "u", known_hosts=line)
+        with pytest.raises(sdk_exec.HostKeyMismatch):
+            async with sdk_exec.connect(endpoint, private, wait_s=30):
+                pass
+    finally:
+        if server is not None:
+            server.close()
+        await agent.aclose()

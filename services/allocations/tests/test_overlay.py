@@ -34,6 +34,7 @@ def test_a_configured_pool_cuts_its_own_segments_and_refuses_what_cannot_work() 
     with pytest.raises(ValueError):
         overlay.OverlayPool.parse("10.211.0.1/16", 0x130000)  # host bits set: a typo, not a pool
 
+
 def test_the_plan_picks_the_lowest_free_index_and_address_and_names_members() -> None:
     pool = overlay.OverlayPool()
     assert pool.subnet_of(0) == ipaddress.IPv4Network("10.208.0.0/24")

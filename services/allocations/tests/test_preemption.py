@@ -141,10 +141,18 @@ async def test_a_guaranteed_queue_reclaims_its_gpus_with_notice(world: World) ->
         )
         return rows[0][0] == 2
 
+    async def estimated() -> str | None:  # while it waits for its victims, it says when it should start
+        async with w.client("owner") as c:
+            body = (await c.get(f"/allocations/{request}")).json()
+        return body["estimated_start_at"] if body["status"] == "queued" else "admitted before it was seen"
+
+    estimate = await wait_for(estimated, GRACE_S + MIN_RUNTIME_S + 20, "an estimated start once victims are noticed")
     await wait_for(released, GRACE_S + MIN_RUNTIME_S + 30, "both victims stopped and released")
     got = await w.wait_status("owner", request, "provisioning", "active", timeout_s=30)
     held_at = time.time()
     assert len(got["gpu_indices"]) == 2
+    assert got["estimated_start_at"] is None  # shown only while it waits
+    deadlines = []
 
     for choice, alloc in victims.items():
         aid = alloc["allocation_id"]
@@ -156,6 +164,7 @@ async def test_a_guaranteed_queue_reclaims_its_gpus_with_notice(world: World) ->
         assert notice["for_allocation_id"] == request and notice["reason"] == "reclaim_guarantee"
         assert notice["on_preemption"] == choice
         deadline, scheduled_at = _ts(notice["deadline"]), _ts(notice["scheduled_at"])
+        deadlines.append(deadline)
         assert abs(deadline - scheduled_at - GRACE_S) < 0.01
         # Never before the minimum runtime.
         assert scheduled_at - _ts(alloc["activated_at"]) >= MIN_RUNTIME_S, (scheduled_at, alloc["activated_at"])
@@ -187,6 +196,9 @@ async def test_a_guaranteed_queue_reclaims_its_gpus_with_notice(world: World) ->
             t.cancel()
         seen.conn.close()
 
+    # Its estimated start was the latest victim deadline plus the stop timeout (SIGKILL at the latest).
+    assert abs(_ts(estimate) - (max(deadlines) + SETTINGS["preemption_stop_timeout_s"])) < 0.01, (estimate, deadlines)
+    assert held_at <= _ts(estimate) + 10  # and it held (a little after, with the release reports in between)
     # The freed GPUs went to the request they were freed for, within grace + 30 s.
     print(f"request -> holds the GPUs: {held_at - asked_at:.1f}s (min_runtime {MIN_RUNTIME_S:.0f}s + grace)")
     assert held_at - asked_at <= MIN_RUNTIME_S + GRACE_S + 30

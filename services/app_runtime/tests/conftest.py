@@ -169,6 +169,7 @@ class World:
         shapes: list[str] | None = None,
         min_gpus: int = 1,
         slug: str | None = None,
+        roles: list[cat.AppRole] | None = None,
     ) -> uuid.UUID:
         mid = self.manifests.get(version) or uuid.uuid4()
         self.manifests[version] = mid
@@ -188,7 +189,7 @@ class World:
                 multi_allocation=multi,
             ),
             inputs=INPUTS,
-            roles=[cat.AppRole(key="slurmctld"), cat.AppRole(key="slurmd")],
+            roles=roles or [cat.AppRole(key="slurmctld"), cat.AppRole(key="slurmd")],
             active=active,
             deprecated=deprecated,
             revision=revision,

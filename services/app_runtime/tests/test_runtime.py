@@ -263,10 +263,10 @@ async def test_killed_controller_lease_expires_and_another_replica_finishes(rt, 
     )
     task = asyncio.create_task(first.run())
 
-    async def worker_claimed() -> bool:
-        return any(
-            o.status in ("claimed", "in_progress") and o.allocation_id == a_w1
-            for o in await user.operations(instance_id)
+    async def worker_claimed() -> bool:  # and the head's add done (the replica works on both at once)
+        ops = await user.operations(instance_id)
+        return any(o.status in ("claimed", "in_progress") and o.allocation_id == a_w1 for o in ops) and any(
+            o.status == "succeeded" and o.allocation_id == _a_ctl for o in ops
         )
 
     deadline = asyncio.get_running_loop().time() + 20

@@ -80,6 +80,7 @@ async def test_roles_typed_config_retries_member_detail_and_timers(rt, world: Wo
         poll_interval_s=0.05,
         watch_every_s=0.2,
         backoff=Backoff(base_s=0.05, cap_s=0.2),
+        max_concurrent_operations=1,  # the worker's add waits for the head's by TemporaryError (order: test_ordering)
     )
     await drive(loop, await status_is(w, iid, "running"))
 

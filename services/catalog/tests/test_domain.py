@@ -233,6 +233,19 @@ def test_a_controller_app_declares_its_member_roles() -> None:
     assert [r["key"] for r in m["roles"]] == ["controller", "worker"]
 
 
+def test_roles_may_come_after_other_roles_without_a_cycle() -> None:
+    def roles(**after: list[str]) -> list[dict[str, Any]]:
+        return [{"key": k, "after": a} for k, a in after.items()]
+
+    m = validate_manifest(manifest(artifact_kind="controller", roles=roles(head=[], worker=["head"], ui=["worker"])))
+    assert [r.get("after") for r in m["roles"]] == [[], ["head"], ["worker"]]
+    assert refused(manifest(artifact_kind="controller", roles=roles(head=[], worker=["nope"]))).code == "roles_invalid"
+    assert refused(manifest(artifact_kind="controller", roles=roles(head=["head"]))).code == "roles_invalid"
+    cycle = roles(head=["ui"], worker=["head"], ui=["worker"])
+    problem = refused(manifest(artifact_kind="controller", roles=cycle))
+    assert problem.code == "roles_invalid" and "cycle" in problem.detail
+
+
 def profile(**fields: Any) -> dict[str, Any]:
     return {"image": REF, "ports": [{"name": "http", "container_port": 8000, "http": True}], **fields}
 

@@ -27,6 +27,7 @@ const routes: Array<[RegExp, Page, string]> = [
   [/^\/instances\/([\w-]+)\/reopen(?:\?.*)?$/, reopenApp, "Reopening app"],
   [/^\/billing$/, billing, "Billing"],
   [/^\/admin\/hosts$/, hosts, "Hosts"],
+  [/^\/queues(?:\?.*)?$/, (main, _p, ctx) => import("./pages/queues").then((m) => m.queuesPage(main, ctx)), "Capacity queues"],
   [/^\/admin\/capacity(?:\?.*)?$/, (main) => import("./pages/capacity").then((m) => m.capacityPage(main)), "Capacity"],
   [/^\/admin\/artifacts$/, artifacts, "Artifacts and promotions"],
   [/^\/admin\/entitlements$/, entitlements, "Entitlements"],
@@ -48,6 +49,8 @@ function nav(ctx: Context): HTMLElement {
     link("/keys", "SSH keys & volumes"),
     link("/billing", "Billing"),
     // tenant admins read their tenant's audit log: theirs, not an operator's page
+    // tenant admins see their tenant's and projects' capacity queues (operators: in their menu)
+    !ctx.operator && ctx.tenantAdminOf.size ? link("/queues", "Queues") : null,
     !ctx.operator && ctx.tenantAdminOf.size ? link("/admin/audit", "Audit log") : null,
   ].filter((l): l is HTMLAnchorElement => l !== null);
   // Operator navigation only for operators (platform admins).
@@ -55,6 +58,7 @@ function nav(ctx: Context): HTMLElement {
     ? [
         link("/admin/hosts", "Hosts"),
         link("/admin/capacity", "Capacity"),
+        link("/queues", "Queues"),
         link("/admin/artifacts", "Artifacts"),
         link("/admin/entitlements", "Entitlements"),
         link("/admin/dead-letters", "Dead letters"),

@@ -1,7 +1,7 @@
 // The web console in a real headless Chromium (Debian's), against a running stack.
 //
 //   GATEWAY_URL, USER_EMAIL, USER_PASSWORD, ADMIN_EMAIL, ADMIN_PASSWORD, HOST_CLASS, APP_SLUG,
-//   SCREENSHOT_DIR, CHROMIUM (default /usr/bin/chromium)  node tests/console.e2e.mjs
+//   SCREENSHOT_DIR, CHROMIUM (default /usr/bin/chromium), TENANT_ID, HOST_GPUS  node tests/console.e2e.mjs
 //
 // Prints one JSON line {ok, steps, screenshots, consoleErrors, error}; exits 1 on any failure,
 // including any console error or uncaught page error that a step did not expect.
@@ -15,6 +15,10 @@ const APP_SLUG = env("APP_SLUG", "slurm-reference");
 const GPU_MODEL = env("GPU_MODEL", "");
 const MEMBER = { userId: env("MEMBER_USER_ID"), publicKey: env("MEMBER_PUBLIC_KEY") };
 const BUDGET_NAME = env("BUDGET_NAME");
+// The tenant of USER (its capacity queue is on the operator's queue page) and how many GPUs the host has (a
+// request for all of them, made while the first allocation holds two, waits in the queue).
+const TENANT_ID = env("TENANT_ID", "");
+const HOST_GPUS = Number(env("HOST_GPUS", "4"));
 // The runtime the first allocation is created from (slug@version, picked in the form) and what its page must
 // then show; empty: the form's default and no runtime checks.
 const RUNTIME = env("RUNTIME", "");
@@ -25,15 +29,15 @@ const b = await openBrowser();
 const { page, step, shot, checkA11y, heading, waitText } = b;
 const TIMEOUT = b.timeout;
 
-/** Create a 1-GPU allocation through the form (on `runtime`, slug@version, when given); its id. */
-async function createAllocation(name, screenshots, runtime = "") {
+/** Create a `gpus`-GPU allocation through the form (on `runtime`, slug@version, when given); its id. */
+async function createAllocation(name, screenshots, runtime = "", gpus = 1) {
   await page.goto(`${BASE}/#/allocations`);
   await heading("Allocations");
   await page.getByRole("link", { name: "New allocation" }).click();
   await heading("New allocation");
   await checkA11y("new allocation");
   await page.getByLabel("Name", { exact: true }).fill(name);
-  await page.getByLabel("GPUs").fill("1");
+  await page.getByLabel("GPUs").fill(String(gpus));
   if (GPU_MODEL) await page.getByLabel("GPU model").fill(GPU_MODEL);
   if (HOST_CLASS) await page.getByLabel("Host class").fill(HOST_CLASS);
   if (runtime) {
@@ -163,6 +167,26 @@ await b.run(result, async () => {
     await actAndSettle(page.getByRole("button", { name: "Resize" }), "Resize", "resize");
     await waitText("#alloc-gpus", /^2 × /);
     await shot("allocation-resized");
+  });
+
+  await step("a request that does not fit waits: position and reason, then cancelled", async () => {
+    // The first allocation holds 2 of the host's GPUs: a request for all of them waits (issue 29).
+    result.queued = await createAllocation("browser-queued", false, "", HOST_GPUS);
+    await waitText("#alloc-status", /^queued$/);
+    await waitText("#alloc-queue-position", /^1$/);
+    await page.locator('#alloc-pending-reason[data-reason="no_capacity"]').waitFor();
+    await waitText("#alloc-pending-reason", /^no ready host has the requested GPUs free$/);
+    await waitText("#alloc-max-wait", /No maximum wait/);
+    await page.locator('#timeline li[data-phase="queue"][data-status="started"]').waitFor();
+    result.queueNotice = (await page.locator("#alloc-queue").textContent())?.trim();
+    await checkA11y("queued allocation");
+    await shot("allocation-queued");
+    await page.getByRole("button", { name: "Cancel request" }).click();
+    await page.getByRole("button", { name: "Confirm cancel request" }).click();
+    await waitText("#alloc-status", /^released$/);
+    if (await page.locator("#alloc-queue").count()) throw new Error("the queue notice stayed after the cancel");
+    await page.goto(`${BASE}/#/allocations/${result.allocation}`);
+    await waitText("#alloc-status", /^active$/);
   });
 
   await step("grant a project member SSH access", async () => {
@@ -340,6 +364,21 @@ await b.run(result, async () => {
     }
     await visit("/admin/capacity", "Capacity", "operator-capacity");
     await page.locator("#occupancy").waitFor();
+    // The queue page (issue 29).
+    {
+      await visit("/queues", "Capacity queues", "operator-queues");
+      // The user's tenant has a queue of the pool (weight set by the test) and held GPUs in the last 24 h.
+      const row = page.locator(`table.queues[data-gpu-model="${GPU_MODEL}"] tr[data-scope="tenant"][data-scope-id="${TENANT_ID}"]`);
+      await row.waitFor();
+      const cells = await row.locator("td").allTextContents();
+      if (cells[4] !== "2") throw new Error(`the tenant's queue row: ${cells}`);
+      const figure = page.locator(`figure[data-gpu-model="${GPU_MODEL}"]`);
+      await figure.waitFor();
+      const values = JSON.parse((await figure.getAttribute("data-values")) ?? "{}");
+      const held = Object.values(values.series ?? {}).flat().filter((v) => v > 0);
+      if (!held.length) throw new Error(`no queue held ${GPU_MODEL} GPUs in the chart: ${JSON.stringify(values)}`);
+      result.queueShares = Object.keys(values.series);
+    }
     await visit("/admin/artifacts", "Artifacts and promotions", "operator-artifacts");
     await visit("/admin/entitlements", "Entitlements", "operator-entitlements");
     await visit("/admin/dead-letters", "Dead letters", "operator-dead-letters");

@@ -1,4 +1,4 @@
-// Issue 21: the console's charts with the data of a real metered run, read back for the Python side to
+// Issues 21 and 29: the console's charts with the data of a real metered run, read back for the Python side to
 // compare with the billing, metering and allocations APIs. Each chart is screenshotted (whole page and the
 // chart alone); each chart's numbers are read from its figure (`data-values`, `data-total`), and its canvas
 // must have been drawn.
@@ -85,6 +85,28 @@ await b.run(result, async () => {
     if (!result.memberOptions.some((o) => o.includes(MEMBER_EMAIL))) throw new Error(`member picker: ${result.memberOptions}`);
     await checkA11y("allocation with cost chart");
     await shot("allocation-cost");
+  });
+
+  await step("tenant admin: the queue page (usage now and each queue's share over time)", async () => {
+    await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Queues" }).click();
+    await heading("Capacity queues");
+    result.queueCharts = [];
+    for (const fig of await page.locator("figure[data-gpu-model]").all()) {
+      const id = await fig.getAttribute("id");
+      await readChart(id);
+      result.queueCharts.push(id);
+    }
+    result.queueRows = await page.locator("table.queues tr[data-scope]").evaluateAll((rows) =>
+      rows.map((r) => ({
+        gpu_model: r.closest("table").dataset.gpuModel,
+        scope: r.dataset.scope,
+        scope_id: r.dataset.scopeId,
+        in_use: Number(r.dataset.inUse),
+        waiting: Number(r.dataset.waiting),
+      })),
+    );
+    await checkA11y("queues");
+    await shot("tenant-queues");
   });
 
   await step("operator: capacity per host class and occupancy", async () => {

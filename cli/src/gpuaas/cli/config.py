@@ -24,6 +24,25 @@ def config_path() -> Path:
     return base / "gpuaas" / "config.json"
 
 
+def known_hosts_path() -> Path:
+    """The SSH host keys the platform pinned for the allocations this CLI opened (`alloc ssh`), beside the config."""
+    return config_path().parent / "known_hosts"
+
+
+def remember_host_key(line: str) -> Path:
+    """Put `line` (`[host]:port <type> <base64>`) in the known_hosts file, replacing the endpoint's earlier key
+    (a host re-enrolled with a new key is re-pinned by the platform, not by the user's say-so)."""
+    path = known_hosts_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    endpoint = line.split()[0]
+    try:
+        kept = [k for k in path.read_text().splitlines() if k.strip() and k.split()[0] != endpoint]
+    except OSError:
+        kept = []
+    path.write_text("\n".join([*kept, line]) + "\n")
+    return path
+
+
 @dataclass
 class Config:
     url: str | None = None

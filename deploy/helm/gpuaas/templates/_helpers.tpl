@@ -108,6 +108,11 @@ app.kubernetes.io/component: {{ .component }}
 the service's own SASL user when kafka.sasl.perService. Context: dict root, component, prefix. */}}
 {{- define "gpuaas.serviceKeysEnv" -}}
 {{- $v := .root.Values -}}
+{{- if eq $v.vault.keySource "vault" }}
+{{- if not $v.vault.url }}{{ fail "vault.keySource vault needs vault.url" }}{{ end }}
+- name: GPUAAS_SECRETS_KEY_SOURCE
+  value: "vault"
+{{- else }}
 - name: GPUAAS_SECRETS_KEYS
   valueFrom:
     secretKeyRef:
@@ -118,6 +123,10 @@ the service's own SASL user when kafka.sasl.perService. Context: dict root, comp
     secretKeyRef:
       name: {{ required "eventSigning.existingSecret is required (every service's events are accepted only signed)" $v.eventSigning.existingSecret }}
       key: {{ .component }}
+{{- end }}
+{{- if $v.vault.url }}
+{{- include "gpuaas.vaultEnv" . }}
+{{- end }}
 {{- $verify := required "eventSigning.verifyKeys is required (every service's public key)" $v.eventSigning.verifyKeys }}
 {{- range $emitter := list "identity" "allocations" "catalog" "app-runtime" "metering" "billing" }}
 {{- if not (regexMatch (printf "(^|,)\\s*%s:" $emitter) $verify) }}
@@ -223,4 +232,43 @@ the service's own SASL user when kafka.sasl.perService. Context: dict root, comp
 {{- $_ := set $m (include "gpuaas.module" $svc) (include "gpuaas.serviceUrl" (dict "root" $ "component" $svc)) -}}
 {{- end -}}
 {{- toJson $m -}}
+{{- end -}}
+
+
+{{/* A service's Vault / OpenBao client (gpuaas.kit.vault): server, CA, mounts and its own AppRole or token. */}}
+{{- define "gpuaas.vaultEnv" -}}
+{{- $v := .root.Values.vault }}
+{{- $secret := required "vault.existingSecret is required with vault.url (each service's AppRole or token)" $v.existingSecret }}
+- name: {{ .prefix }}VAULT_URL
+  value: {{ $v.url | quote }}
+- name: {{ .prefix }}VAULT_AUTH
+  value: {{ $v.auth | quote }}
+- name: {{ .prefix }}VAULT_KV_MOUNT
+  value: {{ $v.kvMount | quote }}
+- name: {{ .prefix }}VAULT_TRANSIT_MOUNT
+  value: {{ $v.transitMount | quote }}
+{{- if eq $v.auth "approle" }}
+- name: {{ .prefix }}VAULT_APPROLE_MOUNT
+  value: {{ $v.approleMount | quote }}
+- name: {{ .prefix }}VAULT_ROLE_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ printf "%s-role-id" .component }}
+- name: {{ .prefix }}VAULT_SECRET_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ printf "%s-secret-id" .component }}
+{{- else }}
+- name: {{ .prefix }}VAULT_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ printf "%s-token" .component }}
+{{- end }}
+{{- if $v.caSecret.name }}
+- name: {{ .prefix }}VAULT_CA_CERT
+  value: {{ printf "/etc/gpuaas/vault/%s" $v.caSecret.key | quote }}
+{{- end }}
 {{- end -}}

@@ -3,6 +3,10 @@ a process that polls it and keeps the last answer. Both are real processes start
 allocation with the instance credential. Where the server listens is kept in the controller state on the
 platform, so workers (and other replicas of this controller) find it.
 
+The manifest says `worker` comes `after` `server`: the platform hands out workers' adds only once the server
+is up, and on decommission removes the workers before the server. A worker's remove drains it first (its
+poller stops) through the `drain` handler.
+
 Every handler is idempotent: it looks at what runs before it starts anything, so a retried operation (lease
 lost, process killed) converges.
 """
@@ -50,6 +54,14 @@ sleep $EVERY; done" >/dev/null 2>&1 </dev/null &
 fi
 for _ in $(seq 50); do [ -s "$d/last" ] && { echo "PID=$(cat "$d/pid")"; exit 0; }; sleep 0.2; done
 echo "worker got no answer from $URL" >&2; exit 1
+"""
+# Stop the member's process (its whole session), keep its files (a drained worker: its last answer stays).
+STOP = r"""
+d=~/echo/$MEMBER; pid=$(cat "$d/pid" 2>/dev/null || true)
+[ -n "$pid" ] && { kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; }
+for _ in $(seq 25); do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && sleep 0.2 || break; done
+if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "process $pid still running"; exit 1; fi
+echo "stopped ${pid:-none}"
 """
 # Stop the member's process (its whole session), remove its files, then CHECK both are gone.
 TEARDOWN = r"""
@@ -99,8 +111,8 @@ class EchoController(Controller):
     async def add_worker(self, ctx: OperationContext) -> dict[str, Any]:
         op, config = ctx.operation, await ctx.config()
         server = (await ctx.state()).data.get("server")
-        if server is None:  # the server member is still coming up: not a failure, try again soon
-            raise TemporaryError("no echo server yet", delay=2)
+        if server is None:  # no server (say it was removed and is being added again): not a failure, and no
+            ctx.defer("no echo server yet")  # reason to hold the lease; offered again when the instance changes
         await ctx.progress(f"starting a worker polling {server['url']}", 30)
         script = env(START_WORKER, MEMBER=op.target_member_id, URL=server["url"], EVERY=config.poll_every_s)
         out = await ctx.shell().run("sh -s", input=script)
@@ -109,9 +121,14 @@ class EchoController(Controller):
         await ctx.event("worker_joined", f"worker {op.target_member_id} polls {server['url']}")
         return {"role": "worker", "pid": pid}
 
-    @on("drain")
-    async def drain(self, ctx: OperationContext) -> dict[str, Any]:
-        raise PermanentError("echo members cannot be drained: remove them")
+    @on("drain", role="worker")
+    async def drain_worker(self, ctx: OperationContext) -> dict[str, Any]:
+        """The worker stops polling (a planned drain: the instance stays running); its remove then finds it
+        stopped. A `remove` runs this first (no drain handler for the server: it is removed directly)."""
+        out = await ctx.shell().run("sh -s", input=env(STOP, MEMBER=ctx.operation.member_id), check=False)
+        if out.exit_status != 0:
+            raise TemporaryError(out.stdout.strip() or "worker still running", delay=1)
+        return {"drained": True}
 
     @on("remove")
     async def remove(self, ctx: OperationContext) -> dict[str, Any]:

@@ -2,6 +2,7 @@ import { describe, del, get, post, token } from "../api";
 import { canReadBilling, type Context, type Obj } from "../context";
 import { badge, clear, field, h, table, when, type Child } from "../dom";
 import { go, type Cleanup } from "../nav";
+import { preemptionReasonText, reasonText, span } from "../queueing";
 
 const A = "/api/allocations";
 
@@ -26,7 +27,12 @@ export async function allocationList(main: HTMLElement, _p: string[], ctx: Conte
         ["Name", "Status", "GPUs", "Shape", "Runtime", "Host class", "Requested"],
         rows.map((a) => [
           h("a", { href: `#/allocations/${a.allocation_id}` }, a.name || a.allocation_id),
-          [badge(a.status), a.failure_reason ? h("span", { class: "reason" }, ` ${a.failure_reason}`) : null],
+          [
+            badge(a.status),
+            a.failure_reason ? h("span", { class: "reason" }, ` ${a.failure_reason}`) : null,
+            a.status === "queued" ? h("span", { class: "reason" }, ` position ${a.queue_position ?? "—"}: ${reasonText(a.pending_reason)}`) : null,
+            a.preemption ? h("span", { class: "reason warning" }, ` preemption at ${when(a.preemption.deadline)}`) : null,
+          ],
           `${a.gpu_count} × ${a.gpu_model}`,
           a.shape,
           a.runtime ? `${a.runtime.slug} ${a.runtime.version}` : a.driver === "process" ? "process" : "—",
@@ -170,6 +176,71 @@ function isolationFacts(alloc: Obj): Child[] {
   ];
 }
 
+/** Seconds until `iso` (negative once past). */
+function secondsUntil(iso: string): number {
+  return (new Date(iso).getTime() - Date.now()) / 1000;
+}
+
+/** When a queued request gives up: `max_wait_s` after it entered the queue (`status_changed_at`). */
+function givesUpAt(alloc: Obj): string | null {
+  if (alloc.status !== "queued" || !alloc.max_wait_s) return null;
+  return new Date(new Date(alloc.status_changed_at).getTime() + alloc.max_wait_s * 1000).toISOString();
+}
+
+/** A queued request: its place in its project's queue, why it waits and when it gives up (issue 29). */
+function queueNotice(alloc: Obj): HTMLElement | null {
+  if (alloc.status !== "queued") return null;
+  const until = givesUpAt(alloc);
+  return h(
+    "div",
+    { class: "queue-notice", id: "alloc-queue", role: "status", "data-position": alloc.queue_position ?? "", "data-reason": alloc.pending_reason ?? "" },
+    h(
+      "p",
+      null,
+      h("strong", null, `Waiting in the ${alloc.gpu_model} queue`),
+      alloc.queue_position ? [": position ", h("span", { id: "alloc-queue-position" }, String(alloc.queue_position)), " in the project's queue"] : null,
+      ". Why: ",
+      h("span", { id: "alloc-pending-reason", "data-reason": alloc.pending_reason ?? "" }, reasonText(alloc.pending_reason)),
+      ".",
+    ),
+    h(
+      "p",
+      { class: "muted", id: "alloc-max-wait", "data-until": until ?? "" },
+      until
+        ? [`Gives up (fails) after waiting ${span(alloc.max_wait_s)}: in `, h("span", { class: "countdown", "data-until": until }, span(secondsUntil(until))), ` (${when(until)}).`]
+        : "No maximum wait: it waits until GPUs free up or it is cancelled.",
+    ),
+    alloc.estimated_start_at
+      ? h("p", { class: "muted", id: "alloc-estimated-start" }, `Estimated start: ${when(alloc.estimated_start_at)} (when the GPUs reclaimed for it are free).`)
+      : null,
+  );
+}
+
+/** A preemption scheduled for this allocation: when it stops, why, and what happens to it then (issue 29). */
+function preemptionNotice(alloc: Obj): HTMLElement | null {
+  const p = alloc.preemption;
+  if (!p) return null;
+  return h(
+    "div",
+    { class: "preemption-notice", id: "alloc-preemption", role: "alert", "data-deadline": p.deadline, "data-reason": p.reason },
+    h(
+      "p",
+      null,
+      h("strong", null, "Preemption scheduled: "),
+      "this allocation stops in ",
+      h("span", { class: "countdown", id: "alloc-preemption-countdown", "data-until": p.deadline }, span(secondsUntil(p.deadline))),
+      ` (at ${when(p.deadline)}), because ${preemptionReasonText(p.reason)}.`,
+    ),
+    h(
+      "p",
+      { class: "muted" },
+      "Save your work: at the deadline it gets SIGTERM, then SIGKILL. ",
+      p.on_preemption === "requeue" ? "It then waits in the queue again (with its original age)." : "It is then released.",
+      " The notice is also in /run/gpuaas/preemption inside it and on its SSH sessions.",
+    ),
+  );
+}
+
 /** The host agent's release evidence: each check it made and whether it held. */
 function releaseChecks(ev: Obj): HTMLElement {
   const checks = Object.entries(ev).filter(([, v]) => typeof v === "boolean");
@@ -214,6 +285,8 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
       h("h2", { id: "h-overview" }, "Overview"),
       alloc.failure_reason ? h("p", { class: "error", role: "alert" }, `Failure reason: ${alloc.failure_reason}`) : null,
       alloc.attention ? h("p", { class: "warning", role: "alert" }, `Attention: ${alloc.attention}`) : null,
+      queueNotice(alloc),
+      preemptionNotice(alloc),
       h(
         "dl",
         { class: "facts" },
@@ -221,6 +294,17 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
         h("dd", { id: "alloc-status" }, alloc.status),
         h("dt", null, "GPUs"),
         h("dd", { id: "alloc-gpus" }, `${alloc.gpu_count} × ${alloc.gpu_model} (${alloc.shape})`, alloc.target_gpu_count ? ` → ${alloc.target_gpu_count}` : ""),
+        alloc.status === "queued"
+          ? [
+              h("dt", null, "Queue position"),
+              h("dd", { id: "alloc-position" }, alloc.queue_position ?? "—"),
+              h("dt", null, "Pending reason"),
+              h("dd", { id: "alloc-reason", "data-reason": alloc.pending_reason ?? "" }, reasonText(alloc.pending_reason)),
+              h("dt", null, "Max wait"),
+              h("dd", null, alloc.max_wait_s ? span(alloc.max_wait_s) : "none"),
+            ]
+          : null,
+        alloc.priority ? [h("dt", null, "Priority"), h("dd", null, String(alloc.priority))] : null,
         h("dt", null, "GPU indices"),
         h("dd", null, (alloc.gpu_indices ?? []).join(", ") || "—"),
         isolationFacts(alloc),
@@ -237,15 +321,16 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
     const resizeInput = h("input", { type: "number", min: 1, max: 64, value: resizeWanted ?? alloc.gpu_count, "aria-label": "New GPU count", class: "small" });
     resizeInput.addEventListener("input", () => { resizeWanted = resizeInput.value; });
     // The confirmation outlives repaints (live updates redraw the actions while the user decides).
-    const release = h("button", { type: "button", class: "danger", id: "release" }, confirmingRelease ? "Confirm release" : "Release");
+    const releaseLabel = alloc.status === "queued" ? "Cancel request" : "Release";
+    const release = h("button", { type: "button", class: "danger", id: "release" }, confirmingRelease ? `Confirm ${releaseLabel.toLowerCase()}` : releaseLabel);
     release.addEventListener("click", () => {
       if (!confirmingRelease) {
         confirmingRelease = true;
-        release.textContent = "Confirm release";
+        release.textContent = `Confirm ${releaseLabel.toLowerCase()}`;
         return;
       }
       confirmingRelease = false;
-      void act("Release", "release");
+      void act(releaseLabel, "release");
     });
     clear(
       actions,
@@ -254,7 +339,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
       ACTIVE_ACTIONS.has(alloc.status) && alloc.shape === "gpu_slice"
         ? h("span", { class: "inline" }, resizeInput, h("button", { type: "button", onclick: () => { resizeWanted = null; void act("Resize", "resize", { gpu_count: Number(resizeInput.value) }); } }, "Resize"))
         : null,
-      ["active", "failed", "provisioning", "requested"].includes(alloc.status) ? release : null,
+      ["active", "failed", "provisioning", "requested", "queued"].includes(alloc.status) ? release : null,
       alloc.status === "release_failed" ? h("button", { type: "button", class: "danger", onclick: () => act("Retry release", "retry-release") }, "Retry release") : null,
     );
   };
@@ -490,7 +575,9 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
   const poll = window.setInterval(async () => {
     try {
       const fresh = await get<Obj>(`${A}/allocations/${id}`);
-      if (fresh.version !== alloc.version) {
+      // A queued request's position and reason change without a new version (they are not changes of it).
+      const moved = fresh.queue_position !== alloc.queue_position || fresh.pending_reason !== alloc.pending_reason;
+      if (fresh.version !== alloc.version || moved || fresh.preemption?.deadline !== alloc.preemption?.deadline) {
         alloc = fresh;
         paint();
       }
@@ -498,9 +585,14 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
       // transient
     }
   }, 3000);
+  // Countdowns (a preemption's deadline, a queued request's max wait) tick every second between repaints.
+  const ticker = window.setInterval(() => {
+    for (const el of overview.querySelectorAll<HTMLElement>(".countdown[data-until]")) el.textContent = span(secondsUntil(el.dataset.until!));
+  }, 1000);
   return () => {
     source.close();
     window.clearInterval(poll);
+    window.clearInterval(ticker);
     window.clearTimeout(refetch);
     costChart?.destroy();
   };

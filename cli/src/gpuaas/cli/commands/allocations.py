@@ -20,11 +20,12 @@ from rich.live import Live
 from rich.table import Table
 
 from gpuaas.cli import lookup
+from gpuaas.cli.config import remember_host_key
 from gpuaas.cli.context import State, client, new_key, project_id, run, state_of
 from gpuaas.cli.output import emit, err, out, plain, table
 from gpuaas.cli.refs import is_uuid, short_ids
 from gpuaas.sdk import Client
-from gpuaas.sdk.models import Allocation, AllocationStatus, AllocationTimelineEntry, RuntimeOption
+from gpuaas.sdk.models import Allocation, AllocationStatus, AllocationTimelineEntry, RuntimeOption, SshHostKey
 
 app = typer.Typer(help="Allocations: create, list, show, ssh, restart, resize, release.", no_args_is_help=True)
 
@@ -104,7 +105,8 @@ def status_line(a: Allocation) -> str:
     if a.status != Status.queued:
         return str(a.status)
     where = f"position {a.queue_position}" if a.queue_position else "position pending"
-    return f"queued ({where}, {a.pending_reason or 'waiting'})"
+    start = f", starts by {a.estimated_start_at:%H:%M:%S %Z}" if a.estimated_start_at else ""
+    return f"queued ({where}, {a.pending_reason or 'waiting'}{start})"
 
 
 def ssh_line(a: Allocation) -> str | None:
@@ -284,19 +286,21 @@ def ssh(
     print_only: Annotated[bool, typer.Option("--print", help="Print the ssh command instead of running it")] = False,
     command: Annotated[list[str] | None, typer.Argument(help="Remote command")] = None,
 ) -> None:
-    """SSH into an allocation (runs OpenSSH's ssh)."""
+    """SSH into an allocation (runs OpenSSH's ssh), verifying the host key the platform pinned for it."""
     st = state_of(ctx)
 
-    async def go() -> Allocation:
+    async def go() -> tuple[Allocation, SshHostKey | None]:
         async with client(st) as c:
-            return await c.allocation(await allocation_ref(st, c, allocation))
+            a = await c.allocation(await allocation_ref(st, c, allocation))
+            return a, (await c.ssh_host_key(a.allocation_id) if a.ssh_endpoint else None)
 
-    a = run(go())
+    a, pin = run(go())
     ep = a.ssh_endpoint
-    if not ep:
+    if not ep or pin is None:
         err.print(f"[red]error:[/red] allocation is {a.status}: no SSH endpoint yet")
         raise typer.Exit(1)
-    argv = ["ssh", "-p", str(ep.port), "-o", "StrictHostKeyChecking=accept-new"]
+    known_hosts = remember_host_key(pin.known_hosts)
+    argv = ["ssh", "-p", str(ep.port), "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}"]
     if identity:
         argv += ["-i", str(identity)]
     argv += [f"{ep.username}@{ep.host}", *(command or [])]

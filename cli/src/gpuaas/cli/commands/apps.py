@@ -1,5 +1,5 @@
 """`gpuaas apps`: the app catalog (what your organisation may deploy) and your app instances: deploy,
-status, add/remove a worker, decommission, open (a launchable app in the browser); `--wait` follows the
+status, add/remove a worker, drain a member, decommission, open (a launchable app in the browser); `--wait` follows the
 instance's timeline until it settles. An INSTANCE, an allocation or a member is an id, a name or a unique id
 prefix (the short id the tables show)."""
 
@@ -276,6 +276,30 @@ def remove_worker(
             return await c.request_operation(instance_id, "remove", member_id=member_id, idempotency_key=new_key())
 
     emit(st, run(go()), lambda o: out.print(f"Requested remove: {o.status} ({o.operation_id})"))
+
+
+@app.command("drain")
+def drain(
+    ctx: typer.Context,
+    instance: InstanceRef,
+    member: Annotated[str, typer.Argument(metavar="MEMBER", help="Member id or short id, or its allocation's id")],
+    deadline: Annotated[
+        int | None, typer.Option("--deadline-s", help="How long the controller's drain may take (then it fails)")
+    ] = None,
+) -> None:
+    """Drain a member (planned: the instance is not degraded); a later remove-worker does not drain it again."""
+    st = state_of(ctx)
+
+    async def go() -> Operation:
+        async with client(st) as c:
+            instance_id = await instance_ref(st, c, instance)
+            member_id = await lookup.member(c, instance_id, member)
+            params = {"deadline_s": deadline} if deadline else {}
+            return await c.request_operation(
+                instance_id, "drain", member_id=member_id, params=params, idempotency_key=new_key()
+            )
+
+    emit(st, run(go()), lambda o: out.print(f"Requested drain: {o.status} ({o.operation_id})"))
 
 
 @app.command("decommission")

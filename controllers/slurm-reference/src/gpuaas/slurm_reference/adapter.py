@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuaas.sdk import ApiError, Client, Controller, OperationContext, OperationFailed, ReconcileContext, on
+from gpuaas.sdk.controller import exec as sdk_exec
 from gpuaas.sdk.models import Instance, Member
 from gpuaas.slurm_reference.config import (
     Cluster,
@@ -35,7 +36,7 @@ from gpuaas.slurm_reference.config import (
     render_slurmdbd_conf,
     slurm_cluster_name,
 )
-from gpuaas.slurm_reference.remote import Endpoint, NodeError, Runner, SshRunner
+from gpuaas.slurm_reference.remote import NodeError, Runner, SshRunner
 
 log = logging.getLogger("gpuaas.slurm_reference")
 CONTROLLER_KEYS = frozenset({"controller", "slurmctld"})
@@ -56,12 +57,12 @@ async def ssh_runner(
     on_wait: Callable[[str], Awaitable[None]] | None,
 ) -> Runner:
     """SSH to the allocation's endpoint (public allocations API) with the instance's access credential."""
-    alloc = await client.request("GET", f"/api/allocations/allocations/{allocation_id}")
-    ep = alloc.get("ssh_endpoint") or {}
-    if not ep.get("host"):
-        raise OperationFailed(f"allocation {allocation_id} has no SSH endpoint (status {alloc.get('status')})")
+    try:  # the endpoint with the host key the platform pinned for it: the runner verifies the host
+        endpoint = await sdk_exec.endpoint_of(client, allocation_id)
+    except sdk_exec.AccessNotReady as exc:
+        raise OperationFailed(str(exc)) from exc
     cred = await client.fetch_credential(instance_id)
-    return SshRunner(Endpoint(ep["host"], int(ep["port"]), ep["username"]), cred.private_key, on_wait=on_wait)
+    return SshRunner(endpoint, cred.private_key, on_wait=on_wait)
 
 
 def member_address(alloc: dict[str, Any]) -> str:

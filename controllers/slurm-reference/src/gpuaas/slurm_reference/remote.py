@@ -7,7 +7,6 @@ import asyncio
 import os
 import shlex
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, Protocol
 
@@ -26,11 +25,7 @@ class NodeError(Exception):
     """An action failed on the node; the message is the node's own reason."""
 
 
-@dataclass
-class Endpoint:
-    host: str
-    port: int
-    username: str
+Endpoint = sdk_exec.Endpoint  # host, port, username and the pinned host key (known_hosts)
 
 
 def script(cluster_id: str, action: str, **env: Any) -> str:
@@ -78,7 +73,7 @@ class SshRunner:
         self.on_wait = on_wait
 
     async def __call__(self, cluster_id: str, action: str, timeout_s: float = 120, **env: Any) -> dict[str, str]:
-        ep = sdk_exec.Endpoint(self.endpoint.host, self.endpoint.port, self.endpoint.username)
+        ep = self.endpoint
         try:  # the SDK waits, with back-off, until the key is installed and the endpoint answers
             async with sdk_exec.connect(
                 ep, self.private_key, wait_s=self.connect_timeout_s, on_wait=self.on_wait

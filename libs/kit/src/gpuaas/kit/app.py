@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.requests import HTTPConnection
 
 from gpuaas.contracts.emitters import topic_emitters
-from gpuaas.kit import admin, iam, revocation
+from gpuaas.kit import admin, iam, revocation, vault_keys
 from gpuaas.kit.auth import JWKSCache, TokenVerifier
 from gpuaas.kit.consumer import EventConsumer
 from gpuaas.kit.db import create_engine, session_factory, to_plain_url
@@ -133,8 +133,9 @@ def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
         configure_logging(spec.name, settings.log_level, settings.log_json)
         # Refuse to start without the keys this service needs (a clear message, before anything else runs).
-        keyring = Keyring.parse(settings.secrets_keys.get_secret_value()) if spec.secrets_at_rest else None
-        event_signer, event_verifier = event_keys(settings, spec, subs)
+        keys = await vault_keys.service_keys(settings, spec.secrets_at_rest)
+        keyring = keys.keyring
+        event_signer, event_verifier = event_keys(settings, spec, subs, keys.signing_seed)
         engine = create_engine(
             settings.database_url.get_secret_value(),
             settings.schema,
@@ -164,6 +165,11 @@ def create_app(settings: ServiceSettings, spec: ServiceSpec) -> FastAPI:
         kit.spawn(_run_messaging(kit), "messaging")
         for loop in spec.background:
             kit.spawn(loop(kit), loop.__name__)
+        if keys.vault is not None:
+            follow = vault_keys.follow_signing_key(
+                settings, keys.vault, keys.signing_version, event_signer, kit.stopping
+            )
+            kit.spawn(follow, "signing-key")
         log.info("service_started", port=settings.port)
         try:
             yield
@@ -259,12 +265,12 @@ async def _run_messaging(kit: KitRuntime) -> None:
 
 
 def event_keys(
-    settings: ServiceSettings, spec: ServiceSpec, subs: Subscriptions
+    settings: ServiceSettings, spec: ServiceSpec, subs: Subscriptions, seed: str | None = None
 ) -> tuple[EventSigner | None, EventVerifier]:
     """The service's envelope signer and the producers' public keys. Refuses (ValueError) a service that
     emits on a signed topic without a signing key, or consumes one without the public key of each service
-    that may emit there (gpuaas.contracts.emitters)."""
-    seed = settings.event_signing_key.get_secret_value()
+    that may emit there (gpuaas.contracts.emitters). `seed`: the key from Vault (else the setting)."""
+    seed = settings.event_signing_key.get_secret_value() if seed is None else seed
     signer = EventSigner(seed) if seed else None
     verifier = EventVerifier.parse(settings.event_verify_keys)
     for name in sorted(SIGNED_TOPICS):

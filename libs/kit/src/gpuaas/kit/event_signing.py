@@ -81,6 +81,11 @@ class EventSigner:
         self._key = _private(seed_b64, "event_signing_key")
         self.kid = key_id(self._key.public_key())
 
+    def replace(self, seed_b64: str) -> None:
+        """Sign with another key from now on (a rotation followed from Vault; the relay keeps this object)."""
+        key = _private(seed_b64, "event_signing_key")
+        self._key, self.kid = key, key_id(key.public_key())
+
     def signature(self, doc: Mapping[str, Any]) -> str:
         sig = self._key.sign(canonical_bytes(doc))
         return f"{ALGORITHM}:{self.kid}:{base64.b64encode(sig).decode()}"

@@ -81,6 +81,27 @@ class ServiceSettings(BaseSettings):
     secrets_keys: SecretStr = Field(default=SecretStr(""), validation_alias=_shared("secrets_keys"))
     # This service's Ed25519 key for the envelopes its relay publishes (base64 seed; gpuaas.kit.event_signing).
     event_signing_key: SecretStr = SecretStr("")
+    # Where the keyring and the event-signing key come from (gpuaas.kit.vault_keys): `env` (the two settings
+    # above) or `vault` (the keyring's data keys wrapped by this service's Transit key, kept in KV at
+    # `<kv mount>/<service>/secrets-keys`; the signing key in KV at `<service>/event-signing`, followed on rotation).
+    secrets_key_source: Literal["env", "vault"] = Field(default="env", validation_alias=_shared("secrets_key_source"))
+    # The Vault / OpenBao server (gpuaas.kit.vault), per service (`GPUAAS_<SERVICE>_VAULT_*`).
+    vault_url: str = "http://127.0.0.1:8200"
+    # `approle` (role_id + secret_id; the token is renewed and replaced) or `token` (a static token, renewed
+    # while renewable); empty: `approle` when a role_id is set, else `token`.
+    vault_auth: Literal["approle", "token", ""] = ""
+    vault_role_id: str = ""
+    vault_secret_id: SecretStr = SecretStr("")
+    vault_token: SecretStr = SecretStr("")
+    vault_approle_mount: str = "approle"
+    # PEM bundle the server's certificate is verified against; empty: the system CAs.
+    vault_ca_cert: str = ""
+    vault_kv_mount: str = "gpuaas-kv"
+    vault_transit_mount: str = "gpuaas-transit"
+    # The Transit key that wraps this service's data keys; empty: the service's name (`app-runtime`).
+    vault_transit_key: str = ""
+    # How often the signing key's KV version is checked (a rotation is picked up without a restart).
+    vault_refresh_interval_s: float = Field(default=60.0, gt=0)
     # Public keys of the producing services whose signed topics this service consumes:
     # `service:base64(public key)[,...]` (several per service while one rotates).
     event_verify_keys: str = Field(default="", validation_alias=_shared("event_verify_keys"))

@@ -9,8 +9,10 @@ from gpuaas.sdk.models import (
     Allocation,
     AllocationTimelineEntry,
     CapacityQueue,
+    QueueHistory,
     RuntimeOption,
     SshGrant,
+    SshHostKey,
     SshKey,
     Volume,
 )
@@ -80,6 +82,29 @@ class AllocationsApi(Transport):
             CapacityQueue.model_validate(q) for q in await self.request("GET", f"{ALLOCATIONS}/queues", params=params)
         ]
 
+    async def tenant_queues(self, tenant_id: Id, gpu_model: str | None = None) -> list[CapacityQueue]:
+        """The tenant's queue and its projects' queues of each pool (tenant admins and operators)."""
+        params = None if gpu_model is None else {"gpu_model": gpu_model}
+        data = await self.request("GET", f"{ALLOCATIONS}/tenants/{tenant_id}/queues", params=params)
+        return [CapacityQueue.model_validate(q) for q in data]
+
+    async def queue_history(
+        self,
+        tenant_id: Id | None = None,
+        *,
+        gpu_model: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+        points: int = 25,
+    ) -> QueueHistory:
+        """Each queue's share (GPUs held) at `points` instants from `since` to `until` (ISO 8601 with a time zone;
+        default the last 24 h): every tenant's queue (operators), or with `tenant_id` the tenant's and its
+        projects' queues (tenant admins)."""
+        params: dict[str, Any] = {"points": points}
+        params.update({k: v for k, v in (("gpu_model", gpu_model), ("since", since), ("until", until)) if v})
+        path = "/queue-history" if tenant_id is None else f"/tenants/{tenant_id}/queue-history"
+        return QueueHistory.model_validate(await self.request("GET", f"{ALLOCATIONS}{path}", params=params))
+
     async def project_queue(self, project_id: Id, gpu_model: str) -> CapacityQueue:
         data = await self.request("GET", f"{ALLOCATIONS}/projects/{project_id}/queues/{gpu_model}")
         return CapacityQueue.model_validate(data)
@@ -108,6 +133,11 @@ class AllocationsApi(Transport):
 
     async def allocation(self, allocation_id: Id) -> Allocation:
         return Allocation.model_validate(await self.request("GET", f"{ALLOCATIONS}/allocations/{allocation_id}"))
+
+    async def ssh_host_key(self, allocation_id: Id) -> SshHostKey:
+        """The allocation's SSH endpoint and the host key pinned for it (verify the host with `known_hosts`)."""
+        path = f"{ALLOCATIONS}/allocations/{allocation_id}/ssh-host-key"
+        return SshHostKey.model_validate(await self.request("GET", path))
 
     async def allocation_timeline(
         self, allocation_id: Id, *, after: int | None = None

@@ -241,6 +241,19 @@ class AppRuntimeApi(Transport):
             await self.request("POST", f"{self.ar}/controller/operations/{operation_id}/complete", json=body)
         )
 
+    async def defer(
+        self, operation_id: Id, lease_token: Id, *, reason: str = "", delay_s: float | None = None
+    ) -> Operation:
+        """Give a claimed operation back without it counting as an attempt (see `controller.Defer`)."""
+        body = {
+            "lease_token": str(lease_token),
+            "reason": reason,
+            "delay_s": None if delay_s is None else max(0, round(delay_s)),
+        }
+        return Operation.model_validate(
+            await self.request("POST", f"{self.ar}/controller/operations/{operation_id}/defer", json=body)
+        )
+
     async def fail(self, operation_id: Id, lease_token: Id, error: str) -> Operation:
         return Operation.model_validate(
             await self.request(

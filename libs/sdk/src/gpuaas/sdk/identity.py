@@ -82,6 +82,28 @@ class IdentityApi(Transport):
     async def create_project(self, tenant_id: Id, name: str) -> dict[str, Any]:
         return await self.request("POST", f"{IDENTITY}/tenants/{tenant_id}/projects", json={"name": name})
 
+    async def create_user(
+        self,
+        tenant_id: Id,
+        email: str,
+        password: str,
+        *,
+        role: str | None = "project_member",
+        project_id: Id | None = None,
+        display_name: str = "",
+    ) -> dict[str, Any]:
+        """A user of the tenant (a tenant or project admin's call): with `role` tenant-wide, or in `project_id`
+        (`project_admin` needs one), or with no role (`role=None`: add memberships later)."""
+        body = {"email": email, "password": password, "display_name": display_name, "role": role}
+        if project_id is not None:
+            body["project_id"] = str(project_id)
+        return await self.request("POST", f"{IDENTITY}/tenants/{tenant_id}/users", json=body)
+
+    async def add_project_member(self, project_id: Id, user_id: Id, role: str) -> dict[str, Any]:
+        """Give an existing user a role in the project (`project_admin`, `project_member`, `viewer`)."""
+        body = {"user_id": str(user_id), "role": role}
+        return await self.request("POST", f"{IDENTITY}/projects/{project_id}/members", json=body)
+
     async def audit(self, **params: Any) -> dict[str, Any]:
         return await self.request("GET", f"{IDENTITY}/audit", params=params)
 

@@ -230,6 +230,7 @@ class Allocation(_Model):
     max_wait_s: int | None = None
     preemption: PreemptionNotice | None = None
     requeued_from: uuid.UUID | None = None
+    estimated_start_at: datetime | None = None
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str
     awaiting_release_clearance: bool = False
@@ -254,6 +255,17 @@ class SshKey(_Model):
     public_key: str
     fingerprint: str
     created_at: datetime
+
+
+class SshHostKey(_Model):
+    """An allocation's SSH endpoint with the host key the platform pinned for it: what an SSH client must see."""
+
+    host: str
+    port: int
+    username: str
+    host_key: str
+    fingerprint: str | None = None
+    known_hosts: str
 
 
 class SshGrant(_Model):
@@ -327,6 +339,29 @@ class CapacityQueue(_Model):
     waiting: int = 0
     waiting_gpus: int = 0
     pending_reasons: dict[str, int] = Field(default_factory=dict)
+
+
+class SharePoint(_Model):
+    at: datetime
+    held: int
+    peak: int
+    mean: float
+
+
+class QueueShare(_Model):
+    scope: Literal["tenant", "project"]
+    scope_id: uuid.UUID
+    tenant_id: uuid.UUID
+    gpu_model: str
+    guarantee: int = 0
+    weight: float = 1.0
+    points: list[SharePoint]
+
+
+class QueueHistory(_Model):
+    since: datetime
+    until: datetime
+    queues: list[QueueShare]
 
 
 class Manifest(_Model):
@@ -533,6 +568,8 @@ class Operation(_Model):
     error: str | None
     forced: bool
     result: dict[str, Any]
+    lease_s: int | None = None
+    deferred_until: datetime | None = None
     version: int
     created_at: datetime
     updated_at: datetime
@@ -635,11 +672,15 @@ __all__ = [
     "PreemptionNotice",
     "Project",
     "ProjectCost",
+    "QueueHistory",
+    "QueueShare",
     "Role",
     "RuntimeOption",
     "RuntimeRef",
+    "SharePoint",
     "SshEndpoint",
     "SshGrant",
+    "SshHostKey",
     "SshKey",
     "TimelineEntry",
     "TokenResponse",

@@ -162,6 +162,9 @@ allocations = Table(
     Column("preemption_reason", Text),
     Column("preemption_scheduled_at", DateTime(timezone=True)),
     Column("requeued_from", UUID(as_uuid=True)),
+    # A waiting request's estimated start, where one can be computed: GPUs are being freed for it by
+    # preemption (its victims' latest deadline plus their stop timeout). Shown only while it is queued.
+    Column("estimated_start_at", DateTime(timezone=True)),
     # The list endpoints: newest first, per project or across the principal's projects.
     Index("ix_allocations_project_requested", "project_id", text("requested_at DESC"), text("allocation_id DESC")),
     Index("ix_allocations_requested", text("requested_at DESC"), text("allocation_id DESC")),

@@ -46,6 +46,11 @@ class AllocationNetwork(BaseModel):
 
 
 class Allocation(AllocationState):
+    estimated_start_at: datetime | None = Field(
+        default=None,
+        description="while queued, when it should start where that can be computed: GPUs are being freed for it by "
+        "preemption (the latest of its victims' deadlines plus their stop timeout); null when unknown",
+    )
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str = Field(description="what persists after this allocation is released")
     awaiting_release_clearance: bool = False
@@ -104,6 +109,17 @@ class Quota(BaseModel):
     project_id: uuid.UUID
     max_gpus: int | None
     gpus_in_use: int = 0
+
+
+class SshHostKey(BaseModel):
+    """An allocation's SSH endpoint with the host key the platform pinned for it: what an SSH client must see."""
+
+    host: str
+    port: int
+    username: str
+    host_key: str = Field(description="the pinned host key (`<type> <base64>`, an OpenSSH public key)")
+    fingerprint: str | None = Field(default=None, description="its SHA256 fingerprint")
+    known_hosts: str = Field(description="a known_hosts line for the endpoint (`[host]:port <type> <base64>`)")
 
 
 # An agent task as its agent leases it (no docstring: it would change the OpenAPI description).

@@ -228,13 +228,18 @@ def check_add_component(roles: Iterable[Mapping[str, Any]], component_key: str, 
         )
 
 
+# A member leaving by plan: being removed on request, drained on request, or drained (a live instance's members
+# are only drained on request; an instance being stopped is not live).
+LEAVING_BY_PLAN = frozenset({MemberStatus.stopping, MemberStatus.draining, MemberStatus.stopped})
+
+
 def derive_instance_status(current: str, member_statuses: Sequence[str]) -> InstanceStatus:
-    """Status of a live instance from its (non-tombstoned) members. A member being removed on request
-    (`stopping`) is leaving by plan, not a loss: the instance is judged by the members that stay."""
+    """Status of a live instance from its (non-tombstoned) members. A member leaving by plan (removed or
+    drained on request) is not a loss: the instance is judged by the members that stay."""
     status = InstanceStatus(current)
     if status not in LIVE_INSTANCE:
         return status
-    staying = [s for s in member_statuses if s != MemberStatus.stopping]
+    staying = [s for s in member_statuses if s not in LEAVING_BY_PLAN]
     if staying:
         member_statuses = staying
     if any(s == MemberStatus.failed for s in member_statuses):
@@ -247,6 +252,53 @@ def derive_instance_status(current: str, member_statuses: Sequence[str]) -> Inst
         return status
     # Every member gone or draining: still degraded relative to what was deployed.
     return InstanceStatus.degraded if status in (InstanceStatus.running, InstanceStatus.degraded) else status
+
+
+# Role ordering (a manifest role's `after`): what brings a member up, what takes one away.
+BRINGS_UP = frozenset({OperationKind.add, OperationKind.replace, OperationKind.recover})
+TAKES_AWAY = frozenset({OperationKind.remove, OperationKind.drain})
+COMING_UP = frozenset({MemberStatus.pending, MemberStatus.starting})
+
+
+def role_order(roles: Iterable[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
+    """role → the roles it comes after (only roles that come after some other)."""
+    return {str(r["key"]): frozenset(r["after"]) for r in roles if r.get("key") and r.get("after")}
+
+
+@dataclass(frozen=True)
+class OpenOperation:
+    """What the ordering rule needs of an instance's open operation."""
+
+    operation_id: uuid.UUID
+    kind: str
+    role: str | None
+
+
+def ordering_hold(
+    kind: str,
+    role: str | None,
+    order: Mapping[str, frozenset[str]],
+    members: Iterable[tuple[str, str]],
+    open_operations: Iterable[OpenOperation],
+) -> str | None:
+    """Why an operation of `kind` on a member of `role` waits for others (None: it may be handed out now).
+
+    `order` is the manifest's role ordering, `members` the instance's live members as (role, status) and
+    `open_operations` its other open operations. A role `after` others is brought up only while no member of
+    those is still coming up (pending or starting); a member of a role others come after is removed or drained
+    only once no member of those others is still being removed or drained (the reverse order)."""
+    if role is None or not order:
+        return None
+    if kind in BRINGS_UP and (before := order.get(role)):
+        waiting = sorted({r for r, s in members if r in before and s in COMING_UP})
+        if waiting:
+            return f"{role} comes up after {', '.join(waiting)}, still coming up"
+    if kind in TAKES_AWAY:
+        dependents = {r for r, before in order.items() if role in before}
+        leaving = sorted({o.role for o in open_operations if o.kind in TAKES_AWAY and o.role in dependents if o.role})
+        if leaving:
+            return f"{role} is taken away after {', '.join(leaving)}, still being taken away"
+    return None
 
 
 def version_key(version: str) -> tuple[tuple[int, Any], ...]:

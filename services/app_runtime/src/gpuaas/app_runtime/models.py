@@ -169,6 +169,8 @@ operations = Table(
     Column("forced", Boolean, nullable=False, server_default="false"),
     Column("result", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _uuid("result_member_id", nullable=True),
+    Column("lease_s", Integer),  # the lease length the current claim asked for
+    Column("deferred_until", DateTime(timezone=True)),  # deferred by its controller: not offered before then
     Column("version", Integer, nullable=False),
     _ts("created_at"),
     _ts("updated_at"),

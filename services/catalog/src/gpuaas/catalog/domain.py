@@ -162,6 +162,12 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                     "key": {"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,31}$"},
                     "display_name": {"type": "string", "maxLength": 100},
                     "description": {"type": "string", "maxLength": 1000},
+                    "after": {
+                        "type": "array",
+                        "maxItems": 32,
+                        "uniqueItems": True,
+                        "items": {"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,31}$"},
+                    },
                 },
             },
         },
@@ -176,6 +182,26 @@ _PROFILE_VALIDATOR = Draft202012Validator(LAUNCHABLE_PROFILE_SCHEMA)
 def _schema_errors(validator: Draft202012Validator, doc: Any, prefix: str = "") -> list[dict[str, str]]:
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
     return [{"path": prefix + "/".join(str(p) for p in e.absolute_path), "message": e.message} for e in errors[:20]]
+
+
+def check_role_order(roles: list[dict[str, Any]]) -> None:
+    """`after` names other roles of the manifest, without a cycle (the runtime orders operations by it)."""
+    after = {r["key"]: list(r.get("after") or []) for r in roles}
+    for key, before in after.items():
+        unknown = [b for b in before if b not in after or b == key]
+        if unknown:
+            raise Unprocessable(
+                f"role {key!r} comes after {', '.join(map(repr, unknown))}, which is not another role",
+                code="roles_invalid",
+            )
+    done: set[str] = set()
+    while len(done) < len(after):
+        ready = [k for k, before in after.items() if k not in done and set(before) <= done]
+        if not ready:
+            raise Unprocessable(
+                f"the roles' `after` form a cycle: {', '.join(sorted(set(after) - done))}", code="roles_invalid"
+            )
+        done.update(ready)
 
 
 def validate_manifest(doc: Any) -> dict[str, Any]:
@@ -219,6 +245,7 @@ def validate_manifest(doc: Any) -> dict[str, Any]:
         raise Unprocessable("role keys must be unique", code="roles_invalid")
     if kind is AppArtifactKind.controller and not keys:
         raise Unprocessable("a controller app must declare the member roles its adapter owns", code="roles_required")
+    check_role_order(m["roles"])
 
     profile = m["runtime_profile"]
     if kind is AppArtifactKind.launchable and profile is None:

@@ -186,6 +186,13 @@ class MemberOperationState(Payload):
     result_member_id: uuid.UUID | None = Field(
         default=None, description="member created by the operation (add, replace, recover)"
     )
+    lease_s: int | None = Field(
+        default=None, description="the lease length the current claim asked for (heartbeats keep it)"
+    )
+    deferred_until: Timestamp | None = Field(
+        default=None,
+        description="its controller deferred it: not offered again before this, or before the instance changes",
+    )
 
 
 class AccessGrantState(Payload):

@@ -70,6 +70,14 @@ class AppRole(Payload):
     key: str
     display_name: str = ""
     description: str = ""
+    after: list[str] = Field(
+        default_factory=list,
+        description=(
+            "roles this one comes up after: the runtime hands out this role's add, replace and recover only "
+            "while no member of these roles is still coming up, and the removal (remove, drain) of a member "
+            "of these roles only once no member of this role is still being removed or drained"
+        ),
+    )
 
 
 class AppManifestState(Payload):

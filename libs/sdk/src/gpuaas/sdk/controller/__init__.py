@@ -8,11 +8,12 @@ members, the `ReconcileLoop` (leases, rate-limited reconciles), the `gpuaas-cont
 - `queue`: the rate-limited work queue   - `state`: `StoredState`
 - `exec`: SSH into a member              - `loop`: `ReconcileLoop`
 - `runner`: the `gpuaas-controller` CLI  - `harness`: tests against a real platform
+- `memory`: `InMemoryHarness`, unit tests of the handlers with no stack (imported from there: not here)
 """
 
 from gpuaas.sdk.controller.config import config_model, manifest_inputs
 from gpuaas.sdk.controller.context import OperationContext, ReconcileContext
-from gpuaas.sdk.controller.errors import LeaseLost, OperationFailed, PermanentError, TemporaryError
+from gpuaas.sdk.controller.errors import Defer, LeaseLost, OperationFailed, PermanentError, TemporaryError
 from gpuaas.sdk.controller.exec import AccessNotReady, CommandFailed, ExecResult, MemberShell
 from gpuaas.sdk.controller.handlers import Controller, on
 from gpuaas.sdk.controller.loop import ReconcileLoop
@@ -24,6 +25,7 @@ __all__ = [
     "Backoff",
     "CommandFailed",
     "Controller",
+    "Defer",
     "ExecResult",
     "LeaseLost",
     "MemberShell",

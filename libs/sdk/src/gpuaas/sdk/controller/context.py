@@ -4,13 +4,14 @@ one instance. Both carry the instance's typed config, its stored state and a she
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from pydantic import BaseModel
 
 from gpuaas.sdk.client import ApiError, Client
-from gpuaas.sdk.controller.errors import LeaseLost
+from gpuaas.sdk.controller.errors import Defer, LeaseLost
 from gpuaas.sdk.controller.exec import MemberShell
 from gpuaas.sdk.controller.state import StoredState
 from gpuaas.sdk.models import Claim, CredentialSecret, Instance, Member, Operation
@@ -24,9 +25,14 @@ class Controller(Protocol):
     def config_of(self, raw: dict[str, Any]) -> BaseModel: ...
 
 
+# Who makes a context's shells when not SSH (`InMemoryHarness`): (instance id, allocation id) → a shell.
+ShellFactory = Callable[[uuid.UUID, Id], MemberShell]
+
+
 class _InstanceScoped:
     client: Client
     controller: Controller
+    shells: ShellFactory | None
     _instance: Instance | None
     _state: StoredState | None
     _credential: CredentialSecret | None
@@ -34,6 +40,12 @@ class _InstanceScoped:
     @property
     def instance_id(self) -> uuid.UUID:
         raise NotImplementedError
+
+    def forget(self) -> None:
+        """Drop what this context loaded (instance, state): the next call reads them again (a retry after a
+        `TemporaryError` sees what changed meanwhile, say the state another operation wrote)."""
+        self._instance = None
+        self._state = None
 
     async def instance(self) -> Instance:
         if self._instance is None:
@@ -71,6 +83,8 @@ class _InstanceScoped:
         return (await self.credential()).private_key
 
     def shell(self, allocation_id: Id, *, wait_s: float = 120.0) -> MemberShell:
+        if self.shells is not None:
+            return self.shells(self.instance_id, allocation_id)
         return MemberShell(self.client, self.instance_id, allocation_id, wait_s=wait_s, key_source=self._private_key)
 
 
@@ -82,6 +96,8 @@ class OperationContext(_InstanceScoped):
     controller: Controller = field(repr=False)
     attempt: int = 0  # how many times this claim's handler ran before (TemporaryError retries)
     member_detail: dict[str, Any] = field(default_factory=dict)  # sent with `complete` → the member's `detail`
+    lease_s: int | None = None  # the lease the loop claimed with: progress keeps it
+    shells: ShellFactory | None = field(default=None, repr=False)  # in-memory tests: no SSH
     _credential: CredentialSecret | None = field(default=None, repr=False)
     _instance: Instance | None = field(default=None, repr=False)
     _state: StoredState | None = field(default=None, repr=False)
@@ -103,13 +119,29 @@ class OperationContext(_InstanceScoped):
         return self.operation.component_key
 
     async def progress(self, message: str, percent: int | None = None) -> None:
-        """Progress on the operation (and its timeline); also extends the lease. Raises LeaseLost."""
+        """Progress on the operation (and its timeline); also extends the lease by the length the loop claimed
+        it with. Raises LeaseLost."""
         try:
-            await self.client.heartbeat(self.operation.operation_id, self.lease_token, message=message, percent=percent)
+            await self.client.heartbeat(
+                self.operation.operation_id, self.lease_token, message=message, percent=percent, lease_s=self.lease_s
+            )
         except ApiError as exc:
             if exc.code == "lease_lost":
                 raise LeaseLost(str(exc)) from exc
             raise
+
+    async def update_member_detail(self, **fields: Any) -> None:
+        """Merge `fields` into `member_detail` and publish it on the member now (not only at completion), so
+        that users and other replicas see it while the operation runs."""
+        self.member_detail.update(fields)
+        target = self.operation.target_member_id
+        if target is None:
+            raise ValueError("this operation names no member")
+        await self.client.report_member(target, detail=dict(self.member_detail))
+
+    def defer(self, reason: str = "", *, delay: float | None = None) -> NoReturn:
+        """Give the operation back without it counting as an attempt (raises `Defer`; see there)."""
+        raise Defer(reason, delay=delay)
 
     def shell(self, allocation_id: Id | None = None, *, wait_s: float = 120.0) -> MemberShell:
         """A shell into `allocation_id` (default: the operation's allocation); while it waits for access it
@@ -117,6 +149,8 @@ class OperationContext(_InstanceScoped):
         target = allocation_id or self.operation.allocation_id
         if target is None:
             raise ValueError("this operation names no allocation: pass allocation_id")
+        if self.shells is not None:
+            return self.shells(self.instance_id, target)
         return MemberShell(
             self.client, self.instance_id, target, wait_s=wait_s, on_wait=self.progress, key_source=self._private_key
         )
@@ -128,6 +162,7 @@ class ReconcileContext(_InstanceScoped):
     controller: Controller
     instance_snapshot: Instance
     reason: str = "timer"  # "timer", "changed" (a new instance version) or "operation" (one finished)
+    shells: ShellFactory | None = field(default=None, repr=False)
     _instance: Instance | None = field(default=None, repr=False)
     _state: StoredState | None = field(default=None, repr=False)
     _credential: CredentialSecret | None = field(default=None, repr=False)

@@ -20,5 +20,16 @@ class TemporaryError(Exception):
         self.delay = delay
 
 
+class Defer(Exception):
+    """Not now, and not a failure (Juju's `event.defer()`): the operation is given back to the platform without
+    counting as an attempt, and offered again after `delay` seconds (else the platform's maximum) or as soon as
+    its instance changes (another operation finished, a member was reported). Raise it, or `ctx.defer(...)`,
+    instead of sleeping on the lease (say a worker's add while its head is not up)."""
+
+    def __init__(self, reason: str = "", *, delay: float | None = None) -> None:
+        super().__init__(reason)
+        self.delay = delay
+
+
 class LeaseLost(Exception):
     """The platform no longer considers this replica the holder of the operation."""

@@ -19,13 +19,18 @@ import asyncssh
 from gpuaas.sdk.client import Client
 from gpuaas.sdk.controller.errors import TemporaryError
 from gpuaas.sdk.controller.queue import Backoff
-from gpuaas.sdk.transport import Id
+from gpuaas.sdk.transport import ApiError, Id
 
 log = logging.getLogger("gpuaas.sdk.controller.exec")
 
 
 class AccessNotReady(TemporaryError):
     """The key is not installed yet, or the endpoint does not answer, after waiting `wait_s`."""
+
+
+class HostKeyMismatch(Exception):
+    """The endpoint showed a host key other than the one the platform pinned for it: never retried (a retry
+    would hand the credential to whoever answers)."""
 
 
 class CommandFailed(Exception):
@@ -39,6 +44,9 @@ class Endpoint:
     host: str
     port: int
     username: str
+    # The pinned host key as a known_hosts line (`endpoint_of` fills it from the platform); None: not verified
+    # (an endpoint of your own, a test).
+    known_hosts: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,11 +61,18 @@ class ExecResult:
 
 
 async def endpoint_of(client: Client, allocation_id: Id) -> Endpoint:
+    """The allocation's SSH endpoint with the host key the platform pinned for it."""
     alloc = await client.request("GET", f"/api/allocations/allocations/{allocation_id}")
     ep: dict[str, Any] = alloc.get("ssh_endpoint") or {}
     if not ep.get("host"):
         raise AccessNotReady(f"allocation {allocation_id} has no SSH endpoint yet (status {alloc.get('status')})")
-    return Endpoint(ep["host"], int(ep["port"]), ep["username"])
+    try:
+        pin = await client.request("GET", f"/api/allocations/allocations/{allocation_id}/ssh-host-key")
+    except ApiError as exc:
+        if exc.status == 409:  # no endpoint or no pinned key yet: the host's agent has not registered one
+            raise AccessNotReady(f"allocation {allocation_id}: {exc}") from exc
+        raise
+    return Endpoint(ep["host"], int(ep["port"]), ep["username"], known_hosts=str(pin["known_hosts"]))
 
 
 async def member_address(client: Client, allocation_id: Id) -> str:
@@ -82,6 +97,7 @@ async def connect(
     is unreachable (bounded by `wait_s`). `on_wait(message)` is called now and then while waiting (e.g.
     `ctx.progress`, which also keeps the lease)."""
     key = asyncssh.import_private_key(private_key)
+    known_hosts = asyncssh.import_known_hosts(endpoint.known_hosts) if endpoint.known_hosts else None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     attempt = 0
@@ -92,12 +108,16 @@ async def connect(
                 endpoint.port,
                 username=endpoint.username,
                 client_keys=[key],
-                known_hosts=None,  # the endpoint is the platform's; its host key is not published (yet)
+                known_hosts=known_hosts,
                 agent_path=None,
                 config=None,
                 connect_timeout=10,
             )
             break
+        except asyncssh.HostKeyNotVerifiable as exc:  # (a DisconnectError: caught before the retried ones)
+            raise HostKeyMismatch(
+                f"{endpoint.host}:{endpoint.port} does not show the host key pinned for it: {exc.reason}"
+            ) from exc
         except (asyncssh.PermissionDenied, asyncssh.DisconnectError, OSError) as exc:
             if loop.time() >= deadline:
                 raise AccessNotReady(

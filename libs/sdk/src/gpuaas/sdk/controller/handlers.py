@@ -17,6 +17,10 @@
 Lookup order for an operation of kind K on role R: `@on(K, role=R)`, `@on(K)`, a method named K; for
 `recover` and `replace` without a handler of their own, the `add` handler of the role (bring a member up on
 an allocation is the same work). No handler: the operation fails, saying so.
+
+Drain: a `remove` first runs the role's `drain` handler (when the controller has one and the member was not
+drained already), bounded by the operation's `params.drain_deadline_s` or `drain_deadline_s`; a drain that
+fails or runs out of time is recorded in the remove's result (`drain`) and the member is removed anyway.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class Controller:
     config_schema: ClassVar[dict[str, Any] | None] = None  # the manifest's `inputs`
     Config: ClassVar[type[BaseModel] | None] = None  # or a hand-written model (wins over config_schema)
     reconcile_every_s: float = 30.0  # the timer per live instance (a class default; an instance may set its own)
+    drain_deadline_s: float = 60.0  # how long a `remove` lets the role's `drain` handler run first
     _routes: ClassVar[dict[tuple[str, str | None], str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -90,14 +90,8 @@ class Harness:
         tid = tenant["tenant_id"]
         pid = (await self.operator.create_project(tid, name))["project_id"]
         email = f"admin-{run}@{name}.example.com"
-        created = await self.operator.request(
-            "POST", f"/api/identity/tenants/{tid}/users", json={"email": email, "password": PASSWORD, "role": None}
-        )
-        await self.operator.request(
-            "POST",
-            f"/api/identity/projects/{pid}/members",
-            json={"user_id": created["user_id"], "role": "project_admin"},
-        )
+        created = await self.operator.create_user(tid, email, PASSWORD, role=None)
+        await self.operator.add_project_member(pid, created["user_id"], "project_admin")
         user = Client(self.url)
         await user.login(email, PASSWORD)
         sa = await user.create_service_account(pid, f"{name}-ctl-{run}", ["app-controller"])

@@ -330,13 +330,13 @@ class ReconcileLoop:
 
     async def _drain_first(self, ctx: OperationContext, drain: Any, deadline_s: float) -> str:
         """A remove drains first: 'drained', or why not (the member is removed anyway)."""
-        await ctx.progress(f"draining first (at most {deadline_s:.0f}s)")
+        await ctx.progress(f"draining first (at most {deadline_s:g}s)")
         try:
             async with asyncio.timeout(deadline_s):
                 await self._retrying(ctx, drain)
             return "drained"
         except TimeoutError:
-            outcome = f"not drained within {deadline_s:.0f}s"
+            outcome = f"not drained within {deadline_s:g}s"
         except (PermanentError, TemporaryError) as exc:
             outcome = f"drain failed: {exc}"
         await ctx.progress(f"{outcome}; removing anyway")
@@ -359,6 +359,7 @@ class ReconcileLoop:
                 log.info("operation_retry operation=%s in_s=%.1f error=%s", op.operation_id, delay, exc)
                 await ctx.progress(f"retrying in {delay:.0f}s: {exc}")
                 await asyncio.sleep(delay)
+                ctx.forget()  # the next try reads the instance and the state again
 
     async def _report(self, call: Any, *, keep: bool = True) -> Operation | None:
         try:
@@ -420,6 +421,11 @@ class ReconcileLoop:
                 await self.reconcile_instance(iid)
             finally:
                 self.queue.done(iid)
+
+    def watch_instance(self, instance: Instance) -> None:
+        """Know `instance` as if the watch had listed it (an in-memory harness reconciles it directly)."""
+        self._instances[instance.instance_id] = instance
+        self._seen[instance.instance_id] = instance.version
 
     async def reconcile_instance(self, instance_id: uuid.UUID) -> None:
         inst = self._instances.get(instance_id)

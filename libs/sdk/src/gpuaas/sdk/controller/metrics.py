@@ -27,6 +27,9 @@ class ControllerMetrics:
         self.claim_polls = Counter(
             "gpuaas_controller_claim_polls", "Claim requests, by result (claimed, idle, error)", ["result"], registry=r
         )
+        self.operations_in_flight = Gauge(
+            "gpuaas_controller_operations_in_flight", "Operations this replica works on now", registry=r
+        )
         self.queue_depth = Gauge("gpuaas_controller_queue_depth", "Instances queued for reconcile", registry=r)
         self.last_contact = Gauge(
             "gpuaas_controller_last_contact_timestamp_seconds", "When the platform last answered", registry=r

@@ -5,13 +5,15 @@
 
 - authenticates as the project service account (client_credentials, refreshed after a 401);
 - SIGTERM / SIGINT stop it gracefully: no new claims, the operation in hand is finished and reported;
-- logs one line per event (`--log-format json` for JSON lines); idle polls are DEBUG, so INFO shows only
-  claims, outcomes, retries and errors;
+- works on up to `--concurrency` operations at once (never two on one member);
+- logs one line per event (`--log-format json` for JSON lines); idle polls are DEBUG, so INFO shows claims,
+  outcomes, retries, deferrals, errors, and each instance's reconcile result at most once a minute;
 - serves `GET /healthz` (200 while the loop runs and the platform answered within `--stale-s`, else 503) and
   `GET /metrics` (Prometheus text) on `--port` (0: not served).
 
 Every option has an environment variable: GPUAAS_APP_SLUG, GPUAAS_LEASE_S, GPUAAS_POLL_S,
-GPUAAS_RECONCILE_EVERY_S, GPUAAS_HEALTH_PORT, GPUAAS_LOG_LEVEL, GPUAAS_LOG_FORMAT, GPUAAS_CONTROLLER_HOLDER.
+GPUAAS_RECONCILE_EVERY_S, GPUAAS_CONCURRENCY, GPUAAS_HEALTH_PORT, GPUAAS_LOG_LEVEL, GPUAAS_LOG_FORMAT,
+GPUAAS_CONTROLLER_HOLDER.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ async def run(args: argparse.Namespace) -> None:
         poll_interval_s=args.poll_s,
         reconcile_every_s=args.reconcile_every_s,
         holder=os.environ.get("GPUAAS_CONTROLLER_HOLDER"),
+        max_concurrent_operations=args.concurrency,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, loop.stop)
@@ -140,6 +143,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--lease-s", type=int, default=int(env("GPUAAS_LEASE_S", "60")))
     r.add_argument("--poll-s", type=float, default=float(env("GPUAAS_POLL_S", "1.0")))
     r.add_argument("--reconcile-every-s", type=float, default=float(env("GPUAAS_RECONCILE_EVERY_S", "0")) or None)
+    r.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(env("GPUAAS_CONCURRENCY", "4")),
+        help="operations worked on at once (never two on one member)",
+    )
     r.add_argument("--port", type=int, default=int(env("GPUAAS_HEALTH_PORT", "9464")))
     r.add_argument("--stale-s", type=float, default=60.0, help="/healthz fails when the platform is silent this long")
     r.add_argument("--log-level", default=env("GPUAAS_LOG_LEVEL", "INFO"))

@@ -1,14 +1,18 @@
 """Capacity queues (issue 29): operators set tenant queues and see every queue of a pool; tenant admins divide
-their tenant's share among its projects; project members read their project's queue."""
+their tenant's share among its projects and see their tenant's queues; project members read their project's
+queue. The share history (`/queue-history`) is what the console's queue page charts."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
 from gpuaas.allocations import service
 from gpuaas.allocations.api.schemas import CapacityQueue, QueueBody
+from gpuaas.allocations.service.queue_history import QueueHistory, queue_history
 from gpuaas.kit.app import Kit
 from gpuaas.kit.auth import CurrentPrincipal
 from gpuaas.kit.iam import action_doc
@@ -16,6 +20,20 @@ from gpuaas.kit.iam import action_doc
 router = APIRouter(tags=["queues"])
 
 GpuModel = Path(min_length=1, max_length=64, description="the pool: a GPU model, e.g. H100-80GB")
+ModelFilter = Annotated[str | None, Query(min_length=1, max_length=64, description="keep one pool (GPU model)")]
+Since = Annotated[
+    datetime | None, Query(description="the window's start (with a time zone); default: 24 h before `until`")
+]
+Until = Annotated[datetime | None, Query(description="the window's end (with a time zone); default: now")]
+Points = Annotated[
+    int, Query(ge=2, le=500, description="instants in the series, evenly spaced (the last one is `until`)")
+]
+HISTORY = (
+    "Each queue's share of its pool over a window: the GPUs it held at `points` instants from `since` to `until`, "
+    "with the peak and the time-weighted mean of the interval ending at each instant (reconstructed from placement, "
+    "admission and release times). 422 `invalid_window` when `since` is not before `until`, the window starts "
+    "after now or over 10 years ago, spans over 62 days or a time has no time zone."
+)
 
 
 @router.put(
@@ -78,3 +96,58 @@ async def list_queues(
     lent, and the waiting requests by reason (operators)."""
     async with kit.sessions() as session:
         return await service.list_queues(session, principal, gpu_model)
+
+
+@router.get(
+    "/tenants/{tenant_id}/queues",
+    response_model=list[CapacityQueue],
+    openapi_extra=action_doc("allocations.queue.manage"),
+)
+async def list_tenant_queues(
+    kit: Kit, tenant_id: uuid.UUID, principal: CurrentPrincipal, gpu_model: ModelFilter = None
+) -> list[CapacityQueue]:
+    """The tenant's queue and its projects' queues of each pool where the tenant has settings, holds or waits for
+    GPUs: usage against guarantee, limit and weight, borrowed, lent, waiting requests by reason (tenant admins)."""
+    async with kit.sessions() as session:
+        return await service.list_tenant_queues(session, principal, tenant_id, gpu_model)
+
+
+@router.get(
+    "/queue-history",
+    response_model=QueueHistory,
+    openapi_extra=action_doc("allocations.queue.operate"),
+    description=f"{HISTORY} Every tenant's queue (operators).",
+)
+async def get_queue_history(
+    kit: Kit,
+    principal: CurrentPrincipal,
+    gpu_model: ModelFilter = None,
+    since: Since = None,
+    until: Until = None,
+    points: Points = 25,
+) -> QueueHistory:
+    async with kit.sessions() as session:
+        return await queue_history(
+            session, principal, tenant_id=None, gpu_model=gpu_model, since=since, until=until, points=points
+        )
+
+
+@router.get(
+    "/tenants/{tenant_id}/queue-history",
+    response_model=QueueHistory,
+    openapi_extra=action_doc("allocations.queue.manage"),
+    description=f"{HISTORY} The tenant's queue and its projects' queues (tenant admins).",
+)
+async def get_tenant_queue_history(
+    kit: Kit,
+    tenant_id: uuid.UUID,
+    principal: CurrentPrincipal,
+    gpu_model: ModelFilter = None,
+    since: Since = None,
+    until: Until = None,
+    points: Points = 25,
+) -> QueueHistory:
+    async with kit.sessions() as session:
+        return await queue_history(
+            session, principal, tenant_id=tenant_id, gpu_model=gpu_model, since=since, until=until, points=points
+        )

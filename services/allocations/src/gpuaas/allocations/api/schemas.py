@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from gpuaas.allocations import domain
-from gpuaas.allocations.views import Allocation, CapacityQueue, Quota, SshKey, TimelineEntry, VolumeRef
+from gpuaas.allocations.views import Allocation, CapacityQueue, Quota, SshHostKey, SshKey, TimelineEntry, VolumeRef
 from gpuaas.contracts.enums import CapacityShape
 from gpuaas.contracts.events.allocations import GpuDevice, HostState, VolumeState
 from gpuaas.contracts.scalars import Integer, Name, Text
@@ -34,6 +34,7 @@ __all__ = [
     "QuotaBody",
     "ResizeBody",
     "RuntimeOption",
+    "SshHostKey",
     "SshKey",
     "SshKeyCreate",
     "TimelineEntry",

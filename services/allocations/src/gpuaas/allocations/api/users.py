@@ -23,6 +23,7 @@ from gpuaas.allocations.api.schemas import (
     Quota,
     QuotaBody,
     ResizeBody,
+    SshHostKey,
     SshKey,
     SshKeyCreate,
     TimelineEntry,
@@ -225,6 +226,20 @@ async def get_timeline(
 ) -> list[TimelineEntry]:
     async with kit.sessions() as session:
         return await service.read_timeline(session, principal, allocation_id, after)
+
+
+@router.get(
+    "/allocations/{allocation_id}/ssh-host-key",
+    response_model=SshHostKey,
+    tags=["ssh"],
+    openapi_extra=action_doc("allocations.read"),
+    description="The SSH endpoint and the host key pinned for it, with a known_hosts line: clients verify the host "
+    "with it (`gpuaas alloc ssh`, the SDK). 409 `no_ssh_endpoint` before placement, `host_key_not_pinned` before "
+    "the host's agent registered a key.",
+)
+async def get_ssh_host_key(kit: Kit, allocation_id: uuid.UUID, principal: CurrentPrincipal) -> SshHostKey:
+    async with kit.sessions() as session:
+        return await service.ssh_host_key(session, principal, allocation_id)
 
 
 @router.get(

@@ -14,7 +14,8 @@ One module per area; this package re-exports the use cases, so callers write `se
   figures, an allocation's runtime and limits
 - `agent_tasks`: the agents' task queue and the outcome of each task kind
 - `placement`: free capacity and GPU reservation · `quotas`: project GPU quotas
-- `queues`: capacity queues (tenant and project, per GPU model) and their views · `waiting`: requests queued
+- `queues`: capacity queues (tenant and project, per GPU model) and their views · `queue_history`: each
+  queue's share (held GPUs) over a window · `waiting`: requests queued
   for capacity (enqueue, position, cancel, max_wait) · `admission_runner`: one pool's admission cycle ·
   `preemption`: a victim's notice, its stop at the deadline (release or requeue), preemptions under way
 - `lifecycle`: create, list, restart, resize, release · `timeline`: reading the timeline
@@ -38,6 +39,7 @@ from gpuaas.allocations.service.access import (
     list_ssh_keys,
     open_terminal,
     revoke_grant,
+    ssh_host_key,
     sync_keys,
     terminal_ca_private_key,
     terminal_still_allowed,
@@ -79,6 +81,7 @@ from gpuaas.allocations.service.queues import (
     get_project_queue,
     get_tenant_queue,
     list_queues,
+    list_tenant_queues,
     put_project_queue,
     put_tenant_queue,
 )
@@ -141,6 +144,7 @@ __all__ = [
     "list_hosts",
     "list_queues",
     "list_ssh_keys",
+    "list_tenant_queues",
     "list_volumes",
     "live_app_members",
     "mark_lost_hosts",
@@ -168,6 +172,7 @@ __all__ = [
     "rotate_node_token",
     "set_quota",
     "set_tenancy",
+    "ssh_host_key",
     "sync_keys",
     "terminal_ca_private_key",
     "terminal_still_allowed",

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, hosts, platform_keys, ssh_grants, ssh_keys
 from gpuaas.allocations.service.common import enqueue_task, load_allocation, now, record_timeline
-from gpuaas.allocations.views import AllocationChange, SshKey, TerminalTarget
+from gpuaas.allocations.views import AllocationChange, SshHostKey, SshKey, TerminalTarget
 from gpuaas.contracts import Actor, new_event_id
 from gpuaas.contracts.agent import SyncSshKeysTask
 from gpuaas.contracts.enums import AllocationStatus, MembershipScope
@@ -511,6 +511,29 @@ async def open_terminal(session: AsyncSession, principal: Principal, alloc_id: u
         port=host.ssh_port or alloc.ssh_port,
         username=alloc.ssh_username,
         host_key=host.ssh_host_key,
+    )
+
+
+async def ssh_host_key(session: AsyncSession, principal: Principal, alloc_id: uuid.UUID) -> SshHostKey:
+    """The SSH endpoint of a placed allocation and the host key pinned for it (a public key: its readers may
+    see it), so the CLI and the SDK verify the host instead of trusting the first key they meet."""
+    alloc = await load_allocation(session, principal, alloc_id, "allocations.read")
+    q = select(hosts.c.ssh_host, hosts.c.ssh_port, hosts.c.ssh_host_key, hosts.c.ssh_host_key_fingerprint)
+    host = None if alloc.host_id is None else (await session.execute(q.where(hosts.c.host_id == alloc.host_id))).first()
+    if host is None or not (host.ssh_host or alloc.ssh_host):
+        raise Problem(f"the allocation is {alloc.status}: no SSH endpoint yet", status=409, code="no_ssh_endpoint")
+    if not host.ssh_host_key:
+        pending = "the host's SSH key is not pinned yet (its agent has not registered one)"
+        raise Problem(pending, status=409, code="host_key_not_pinned")
+    name, port = host.ssh_host or alloc.ssh_host, host.ssh_port or alloc.ssh_port
+    key = " ".join(host.ssh_host_key.split()[:2])
+    return SshHostKey(
+        host=name,
+        port=port,
+        username=alloc.ssh_username,
+        host_key=key,
+        fingerprint=host.ssh_host_key_fingerprint,
+        known_hosts=f"{name if port == 22 else f'[{name}]:{port}'} {key}",
     )
 
 

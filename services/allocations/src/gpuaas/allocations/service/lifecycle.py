@@ -312,6 +312,7 @@ def _view(row: Any, vols: list[Any]) -> Allocation:
     return Allocation.model_construct(
         **{
             **dict(alloc_state(row)),
+            "estimated_start_at": row.estimated_start_at if row.status == AllocationStatus.queued else None,
             "volumes": [
                 VolumeRef(
                     volume_id=v.volume_id,

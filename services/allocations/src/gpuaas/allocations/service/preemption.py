@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import alias
 
@@ -98,8 +98,18 @@ async def schedule(
         f"(in {config.grace_s:.0f}s) for request {p.for_allocation_id}; then "
         + ("back in its queue with its original age" if row.on_preemption == "requeue" else "released"),
     )
+    ready_at = deadline + timedelta(seconds=config.stop_timeout_s)  # at the latest: SIGKILL after the stop timeout
+    await session.execute(
+        allocations.update()
+        .where(allocations.c.allocation_id == p.for_allocation_id)
+        .values(estimated_start_at=func.greatest(func.coalesce(allocations.c.estimated_start_at, ready_at), ready_at))
+    )
     await record_timeline(
-        session, p.for_allocation_id, "queue", "info", f"allocation {p.victim_id} is preempted for this request"
+        session,
+        p.for_allocation_id,
+        "queue",
+        "info",
+        f"allocation {p.victim_id} is preempted for this request: its GPUs are free by {ready_at.isoformat()}",
     )
     await add_event(
         session,

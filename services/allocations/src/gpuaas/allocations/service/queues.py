@@ -133,6 +133,35 @@ async def list_queues(session: AsyncSession, principal: Principal, gpu_model: st
     return out
 
 
+async def list_tenant_queues(
+    session: AsyncSession, principal: Principal, tenant_id: uuid.UUID, gpu_model: str | None
+) -> list[CapacityQueue]:
+    """A tenant admin's view: the tenant's queue and its projects' queues of each pool (or of `gpu_model`) where
+    the tenant has settings, holds or waits for GPUs (the tenant first, then its projects)."""
+    await iam.authorize(session, principal, "allocations.queue.manage", tenant_id=tenant_id)
+    configured = select(capacity_queues.c.gpu_model, capacity_queues.c.scope, capacity_queues.c.scope_id).where(
+        capacity_queues.c.tenant_id == tenant_id
+    )
+    active = (
+        select(allocations.c.gpu_model, allocations.c.project_id)
+        .where(allocations.c.tenant_id == tenant_id, allocations.c.status.in_(COUNTED))
+        .distinct()
+    )
+    if gpu_model is not None:
+        configured = configured.where(capacity_queues.c.gpu_model == gpu_model)
+        active = active.where(allocations.c.gpu_model == gpu_model)
+    keys: dict[str, set[tuple[Scope, uuid.UUID, uuid.UUID]]] = defaultdict(set)
+    for model, scope, scope_id in await session.execute(configured):
+        keys[model].update({("tenant", tenant_id, tenant_id), (scope, scope_id, tenant_id)})
+    for model, project_id in await session.execute(active):
+        keys[model].update({("tenant", tenant_id, tenant_id), ("project", project_id, tenant_id)})
+    out: list[CapacityQueue] = []
+    for model in sorted(keys):
+        ordered = sorted(keys[model], key=lambda k: (k[0] != "tenant", str(k[1])))
+        out.extend(await _views(session, model, ordered))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ internals
 
 

@@ -27,6 +27,7 @@ from gpuaas.allocations.service.volumes import detach_all
 from gpuaas.contracts import Actor, Event
 from gpuaas.contracts.enums import AllocationStatus, PendingReason
 from gpuaas.contracts.events import allocations as allocation_events
+from gpuaas.kit.errors import Problem
 from gpuaas.kit.outbox import add_events
 
 # Reasons of waiting requests that compete for free GPUs: a new create of the pool waits behind them rather
@@ -158,15 +159,21 @@ async def cancel_queued(session: AsyncSession, alloc: Any, actor: Actor) -> Any:
 async def expire_queued(session: AsyncSession, alloc: Any, actor: Actor) -> Any:
     """A request that waited past its `max_wait`: failed with the reason it was waiting for."""
     reason = PendingReason(alloc.pending_reason or PendingReason.no_capacity)
+    failure = f"waited {alloc.max_wait_s}s (max_wait) without being admitted: {reason.value}"
+    return await _fail_queued(session, alloc, failure, f"max_wait passed: {REASON_TEXT[reason]}", actor)
+
+
+async def refuse_queued(session: AsyncSession, alloc: Any, problem: Problem, actor: Actor) -> Any:
+    """A request that GPUs were found for but that cannot run as asked (its runtime left the catalog, say):
+    failed with the problem a create placed at once would have answered, so it never blocks its pool."""
+    failure = f"could not be admitted: {problem.detail} ({problem.code})"
+    return await _fail_queued(session, alloc, failure, failure, actor)
+
+
+async def _fail_queued(session: AsyncSession, alloc: Any, failure: str, note: str, actor: Actor) -> Any:
     await detach_all(session, alloc.allocation_id, deleting=False)
-    row = await transition(
-        session,
-        alloc,
-        AllocationStatus.failed,
-        failure_reason=f"waited {alloc.max_wait_s}s (max_wait) without being admitted: {reason.value}",
-        queue_position=None,
-    )
-    await record_timeline(session, alloc.allocation_id, "queue", "failed", f"max_wait passed: {REASON_TEXT[reason]}")
+    row = await transition(session, alloc, AllocationStatus.failed, failure_reason=failure, queue_position=None)
+    await record_timeline(session, alloc.allocation_id, "queue", "failed", note)
     await add_events(
         session, [allocation_events.AllocationFailed.build(data=alloc_state(row), source=SERVICE, actor=actor)]
     )

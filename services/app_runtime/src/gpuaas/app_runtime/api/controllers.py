@@ -21,6 +21,7 @@ from gpuaas.app_runtime.api.schemas import (
     Completion,
     ControllerEvent,
     CredentialSecret,
+    Deferral,
     Failure,
     Heartbeat,
     Instance,
@@ -120,7 +121,8 @@ async def controller_heartbeat(
             principal,
             operation_id,
             body.lease_token,
-            lease_s=_lease_s(kit, body.lease_s),
+            lease_s=_lease_s(kit, body.lease_s) if body.lease_s else None,  # None: the claim's length
+            default_lease_s=kit.settings_as(Settings).lease_default_s,
             message=body.message,
             percent=body.percent,
         ),
@@ -145,6 +147,22 @@ async def controller_fail(
 ) -> OperationView:
     return await change(
         kit, lambda session: service.controller_fail(session, principal, operation_id, body.lease_token, body.error)
+    )
+
+
+@router.post("/controller/operations/{operation_id}/defer", response_model=Operation, tags=["controller"])
+async def controller_defer(
+    operation_id: uuid.UUID, body: Deferral, principal: CurrentPrincipal, kit: Kit
+) -> OperationView:
+    """Give the operation back without it counting as an attempt: it is offered again after `delay_s`
+    (capped by the service), or as soon as its instance changes."""
+    cap = kit.settings_as(Settings).defer_max_s
+    delay = min(cap if body.delay_s is None else body.delay_s, cap)
+    return await change(
+        kit,
+        lambda session: service.defer(
+            session, principal, operation_id, body.lease_token, reason=body.reason, delay_s=delay
+        ),
     )
 
 

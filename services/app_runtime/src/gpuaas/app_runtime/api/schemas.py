@@ -90,6 +90,10 @@ class Operation(BaseModel):
     error: str | None
     forced: bool
     result: JsonObject
+    lease_s: int | None = Field(default=None, description="the lease length of the current claim")
+    deferred_until: datetime | None = Field(
+        default=None, description="deferred by its controller: offered again then, or once the instance changes"
+    )
     version: int
     created_at: datetime
     updated_at: datetime
@@ -191,6 +195,18 @@ class Completion(BaseModel):
 class Failure(BaseModel):
     lease_token: uuid.UUID
     error: Text = Field(min_length=1, max_length=4000)
+
+
+class Deferral(BaseModel):
+    lease_token: uuid.UUID
+    reason: Text = Field(default="", max_length=2000)
+    delay_s: Integer | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="offer it again after this at the latest (default: the service's maximum deferral); "
+        "any change of the instance (an operation finished, a member reported) offers it again sooner",
+    )
 
 
 class InstanceReport(BaseModel):

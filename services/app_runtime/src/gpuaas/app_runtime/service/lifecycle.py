@@ -33,6 +33,7 @@ from gpuaas.app_runtime.service.common import (
 )
 from gpuaas.app_runtime.service.credentials import revoke_credentials
 from gpuaas.app_runtime.service.instance_records import allocation_gone, load_manifest
+from gpuaas.app_runtime.service.ordering import reoffer_deferred
 from gpuaas.app_runtime.service.views import InstanceView, MemberView, OperationView, from_row
 from gpuaas.contracts import Actor
 from gpuaas.contracts.enums import InstanceStatus
@@ -129,6 +130,7 @@ async def report_member(
         values["status"] = status
     if values:
         member = await update_member(session, member_id, principal.actor, **values)
+        await reoffer_deferred(session, member.instance_id)  # a deferred operation may wait on this member
         inst = await load_instance(session, member.instance_id, lock=True)
         if inst.status in domain.LIVE_INSTANCE:
             await recompute_instance(session, member.instance_id, principal.actor)
@@ -261,6 +263,12 @@ def decommissioned_health() -> dict[str, Any]:
     return InstanceHealth(status="unknown", message="instance decommissioned", checked_at=now()).model_dump(mode="json")
 
 
+def decommissioned_detail(inst: InstanceView) -> dict[str, Any]:
+    """Likewise its runtime detail (say the URL it served): dropped, but for what the platform itself keeps
+    there (`launch`, the allocation of a launchable app)."""
+    return {k: v for k, v in (inst.runtime_detail or {}).items() if k == "launch"}
+
+
 async def check_decommission(session: AsyncSession, instance_id: uuid.UUID, actor: Actor) -> None:
     """Once every `remove` of the round is finished: decommissioned if each teardown was verified, else
     decommission_failed with the evidence."""
@@ -308,6 +316,7 @@ async def check_decommission(session: AsyncSession, instance_id: uuid.UUID, acto
         "teardown verified for every member",
         decommission=report,
         health=decommissioned_health(),
+        runtime_detail=decommissioned_detail(inst),
     )
     await revoke_credentials(session, instance_id, actor)
 
@@ -354,6 +363,7 @@ async def force_decommission(
         f"decommission FORCED: {reason}",
         decommission=report,
         health=decommissioned_health(),
+        runtime_detail=decommissioned_detail(inst),
     )
     await revoke_credentials(session, instance_id, actor)
     await audit_on(

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.app_runtime import domain
@@ -46,6 +46,7 @@ from gpuaas.app_runtime.service.credentials import sync_grant
 from gpuaas.app_runtime.service.deploy import allocation_views, compatibility_of
 from gpuaas.app_runtime.service.instance_records import load_manifest
 from gpuaas.app_runtime.service.lifecycle import check_decommission, check_stopped
+from gpuaas.app_runtime.service.ordering import claimable, next_claimable, ordering_hold, reoffer_deferred
 from gpuaas.app_runtime.service.release import check_release
 from gpuaas.app_runtime.service.views import ClaimView, OperationView, from_row
 from gpuaas.contracts import Actor
@@ -123,6 +124,9 @@ async def request_operation(
             domain.check_add_component(roles, component_key, (m.component_key for m in live))
     else:
         allocation_id = None
+    if kind is OperationKind.remove and member is not None and member.status == MemberStatus.stopped:
+        params = {**params, "drained": True}  # drained before: the controller's remove need not drain again
+    await reoffer_deferred(session, instance_id)
     op = await insert_operation(
         session,
         inst,
@@ -164,16 +168,6 @@ async def controller_operations(
 # ------------------------------------------------------------------------------------------ leases
 
 
-def _claimable(at: datetime) -> ColumnElement[bool]:
-    return or_(
-        operations.c.status == OperationStatus.pending,
-        and_(
-            operations.c.status.in_([OperationStatus.claimed, OperationStatus.in_progress]),
-            operations.c.lease_expires_at < at,
-        ),
-    )
-
-
 async def claim(
     session: AsyncSession,
     principal: Principal,
@@ -186,25 +180,37 @@ async def claim(
     """Claim one operation (a given one, or the oldest claimable of the app) with a lease.
 
     A pending operation, or one whose lease has expired, can be claimed; concurrent claimers are
-    serialised by the row lock (`SKIP LOCKED` for claim-next), so exactly one gets it.
+    serialised by the row lock (`SKIP LOCKED` for claim-next), so exactly one gets it. Claim-next skips
+    operations their controller deferred (until then, or until the instance changes) and those the app's
+    role ordering holds back (`service/ordering.py`); a given operation held back is refused, saying why.
     """
     project_id = controller_project(principal)
     await check_controller(session, principal, project_id, app_slug)
     at = now()
-    stmt = select(operations).where(
-        operations.c.project_id == project_id, operations.c.app_slug == app_slug, _claimable(at)
-    )
     if operation_id is not None:
-        stmt = stmt.where(operations.c.operation_id == operation_id).with_for_update()
-    else:
-        # Operations on instances that are not being torn down first; oldest first.
-        stmt = stmt.order_by(operations.c.operation_id).limit(1).with_for_update(skip_locked=True)
-    row = (await session.execute(stmt)).first()
-    if row is None:
-        if operation_id is not None:
+        row = (
+            await session.execute(
+                select(operations)
+                .where(
+                    operations.c.project_id == project_id,
+                    operations.c.app_slug == app_slug,
+                    operations.c.operation_id == operation_id,
+                    claimable(at),
+                )
+                .with_for_update()
+            )
+        ).first()
+        if row is None:
             await _explain_unclaimable(session, project_id, app_slug, operation_id)
-        return None
-    op = from_row(OperationView, row)
+            return None
+        op = from_row(OperationView, row)
+        if (hold := await ordering_hold(session, op)) is not None:
+            raise Conflict(f"held back by the app's role ordering: {hold}", code="operation_held", reason=hold)
+    else:
+        found = await next_claimable(session, project_id, app_slug, at)
+        if found is None:
+            return None
+        op = found
     token = uuid.uuid4()
     actor = principal.actor
     if op.status != OperationStatus.pending:  # the previous holder lost it: record the requeue, then the new claim
@@ -229,6 +235,8 @@ async def claim(
         claimed_by=claimed_by,
         lease_token=token,
         lease_expires_at=at + timedelta(seconds=lease_s),
+        lease_s=lease_s,
+        deferred_until=None,
         attempt=op.attempt + 1,
     )
     target = op.result_member_id if op.kind in ("add", "replace") or op.result_member_id else op.member_id
@@ -278,13 +286,16 @@ async def heartbeat(
     operation_id: uuid.UUID,
     lease_token: uuid.UUID,
     *,
-    lease_s: int,
+    lease_s: int | None,
+    default_lease_s: int,
     message: str | None,
     percent: int | None,
 ) -> OperationView:
-    """Extend the lease, with progress (the operation is then in progress)."""
+    """Extend the lease, with progress (the operation is then in progress). Without `lease_s` the lease
+    keeps the length its claim asked for (`default_lease_s` for a claim from before that was recorded)."""
     op = await _held_operation(session, principal, operation_id, lease_token)
-    values: dict[str, Any] = {"lease_expires_at": now() + timedelta(seconds=lease_s)}
+    length = lease_s or op.lease_s or default_lease_s
+    values: dict[str, Any] = {"lease_expires_at": now() + timedelta(seconds=length), "lease_s": length}
     if message is not None:
         values["progress_message"] = message
     if percent is not None:
@@ -296,6 +307,33 @@ async def heartbeat(
         principal.actor,
         (message and f"{op.kind} {operation_id}: {message}") or "",
         **values,
+    )
+
+
+async def defer(
+    session: AsyncSession,
+    principal: Principal,
+    operation_id: uuid.UUID,
+    lease_token: uuid.UUID,
+    *,
+    reason: str,
+    delay_s: int,
+) -> OperationView:
+    """The controller cannot act yet (say a worker's add before its head is up): the operation goes back to
+    pending without counting as an attempt, and is offered again after `delay_s`, or as soon as the instance
+    changes (an operation of it finished, a member or the instance was reported, an operation requested)."""
+    op = await _held_operation(session, principal, operation_id, lease_token)
+    return await update_operation(
+        session,
+        op,
+        OperationStatus.pending,
+        principal.actor,
+        f"{op.kind} {operation_id} deferred by its controller" + (f": {reason}" if reason else ""),
+        lease_token=None,
+        lease_expires_at=None,
+        claimed_by=None,
+        attempt=max(op.attempt - 1, 0),
+        deferred_until=now() + timedelta(seconds=delay_s),
     )
 
 
@@ -426,6 +464,7 @@ async def after_operation(session: AsyncSession, op: OperationView, actor: Actor
     """Everything an operation's outcome drives: instance status, decommission and stop progress,
     release clearances, the access grant's allocations."""
     inst = await load_instance(session, op.instance_id, lock=True)
+    await reoffer_deferred(session, op.instance_id)
     if inst.status in domain.LIVE_INSTANCE:
         await recompute_instance(session, op.instance_id, actor)
     elif inst.status == InstanceStatus.decommissioning:

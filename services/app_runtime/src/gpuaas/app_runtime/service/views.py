@@ -100,6 +100,8 @@ class OperationView:
     forced: bool
     result: JsonObject
     result_member_id: uuid.UUID | None
+    lease_s: int | None
+    deferred_until: datetime | None
     version: int
     created_at: datetime
     updated_at: datetime
