@@ -408,6 +408,7 @@ for _m, _p in [
     ("POST", "/controller/operations/{operation_id}/heartbeat"),
     ("POST", "/controller/operations/{operation_id}/complete"),
     ("POST", "/controller/operations/{operation_id}/fail"),
+    ("POST", "/controller/operations/{operation_id}/defer"),
     ("POST", "/controller/instances/{instance_id}/operations"),
     ("PUT", "/controller/instances/{instance_id}/status"),
     ("PUT", "/controller/members/{member_id}/status"),
