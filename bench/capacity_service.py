@@ -32,21 +32,17 @@ from typing import Any
 
 import httpx
 import uvicorn
-from joserfc import jwt
 from joserfc.jwk import ECKey, KeySet
 from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scale import _Server, listening_socket, pct, pin_keys, seed_hosts
+from scale import _Server, listening_socket, pct, pin_keys, project_member, seed_active, seed_hosts
 
 from gpuaas.allocations.app import SPEC
 from gpuaas.allocations.reconciler import preemption_config
 from gpuaas.allocations.service.admission_runner import run_cycle
 from gpuaas.allocations.settings import Settings
-from gpuaas.contracts.enums import MembershipScope, Role
-from gpuaas.contracts.events import identity as ev
 from gpuaas.devstack.infra import EmbeddedPostgres, Tansu, free_port
-from gpuaas.kit.iam import apply_locally
 from gpuaas.kit.provision import ensure_database
 from gpuaas.kit.testing import service_app, wait_for
 
@@ -68,13 +64,10 @@ async def seed_fleet(kit: Any, hosts: list[uuid.UUID], waiting: int, rnd: random
     queues = [
         {"q": uuid.uuid4(), "s": "tenant", "id": t, "t": t, "w": float(rnd.choice([1, 2, 3]))} for t in tenants
     ] + [{"q": uuid.uuid4(), "s": "project", "id": p, "t": t, "w": 1.0} for t, p in projects]
-    running, assigns = [], []
-    for i, (h, g) in enumerate((h, g) for h in hosts for g in range(GPUS_PER_HOST)):
-        t, p = projects[i % len(projects)]
-        a = uuid.uuid4()
-        at = now - timedelta(hours=2, seconds=i)
-        running.append({"id": a, "t": t, "p": p, "h": h, "g": json.dumps([g]), "at": at, "u": "a" + a.hex[-11:]})
-        assigns.append({"h": h, "g": g, "a": a})
+    hosts_gpus = [(h, g) for h in hosts for g in range(GPUS_PER_HOST)]
+    running = [
+        (*projects[i % len(projects)], h, g, now - timedelta(hours=2, seconds=i)) for i, (h, g) in enumerate(hosts_gpus)
+    ]
     queued = []
     for i in range(waiting):
         t, p = rnd.choice(projects)
@@ -89,20 +82,6 @@ async def seed_fleet(kit: Any, hosts: list[uuid.UUID], waiting: int, rnd: random
             ),
             queues,
         )
-        for chunk in range(0, len(running), 2000):
-            await s.execute(
-                text(
-                    "INSERT INTO allocations (allocation_id, tenant_id, project_id, shape, gpu_model, gpu_count,"
-                    " gpu_indices, host_id, status, status_changed_at, ssh_username, requested_at, activated_at)"
-                    " VALUES (:id, :t, :p, 'gpu_slice', 'H100-80GB', 1, CAST(:g AS jsonb), :h, 'active', :at, :u,"
-                    " :at, :at)"
-                ),
-                running[chunk : chunk + 2000],
-            )
-            await s.execute(
-                text("INSERT INTO gpu_assignments (host_id, gpu_index, allocation_id) VALUES (:h, :g, :a)"),
-                assigns[chunk : chunk + 2000],
-            )
         for chunk in range(0, len(queued), 2000):
             await s.execute(
                 text(
@@ -114,6 +93,7 @@ async def seed_fleet(kit: Any, hosts: list[uuid.UUID], waiting: int, rnd: random
                 ),
                 queued[chunk : chunk + 2000],
             )
+    await seed_active(kit, running)
     async with kit.sessions() as s:
         for table in ("allocations", "gpu_assignments", "capacity_queues", "host_capacity"):
             await s.execute(text(f"ANALYZE {table}"))
@@ -121,7 +101,7 @@ async def seed_fleet(kit: Any, hosts: list[uuid.UUID], waiting: int, rnd: random
     return projects
 
 
-async def free_one(kit: Any, rnd: random.Random) -> tuple[uuid.UUID, int, float]:
+async def free_one(kit: Any) -> tuple[uuid.UUID, int, float]:
     """Release one running allocation as the agent's release report does; its GPU and the commit time."""
     async with kit.sessions() as s, s.begin():
         row = (
@@ -129,9 +109,8 @@ async def free_one(kit: Any, rnd: random.Random) -> tuple[uuid.UUID, int, float]
                 text(
                     "SELECT a.allocation_id, g.host_id, g.gpu_index FROM gpu_assignments g"
                     " JOIN allocations a USING (allocation_id) WHERE a.status = 'active'"
-                    " AND a.requested_at < now() - interval '1 hour' OFFSET :o LIMIT 1"
+                    " AND a.requested_at < now() - interval '1 hour' ORDER BY random() LIMIT 1"
                 ),
-                {"o": rnd.randrange(1000)},
             )
         ).one()
         await s.execute(text("DELETE FROM gpu_assignments WHERE allocation_id = :a"), {"a": row.allocation_id})
@@ -182,29 +161,8 @@ async def main(n_hosts: int, waiting: int, n: int, seed: int) -> dict[str, Any]:
         seed_s = time.perf_counter() - t0
         print(f"seeded {n_hosts} hosts, {len(projects)} projects, {waiting} waiting in {seed_s:.1f}s", flush=True)
 
-        user = uuid.uuid4()
         tenant, project = projects[0]
-        grant = ev.MembershipGranted.build(
-            subject=user,
-            source="identity",
-            data=ev.MembershipState(
-                membership_id=uuid.uuid4(),
-                user_id=user,
-                scope=MembershipScope.project,
-                role=Role.project_member,
-                tenant_id=tenant,
-                project_id=project,
-            ),
-        )
-        created = ev.ProjectCreated.build(
-            subject=project, source="identity", data=ev.ProjectState(project_id=project, tenant_id=tenant, name="b")
-        )
-        async with kit.sessions() as s, s.begin():
-            for e in (created, grant):
-                await apply_locally(s, e)
-        now = int(time.time())
-        claims = {"iss": kit.settings.jwt_issuer, "aud": "gpuaas", "sub": str(user), "typ": "user"}
-        token = jwt.encode({"alg": "ES256", "kid": "bench"}, {**claims, "iat": now, "exp": now + 86400}, key)
+        token = await project_member(kit, key, tenant, project)
         c = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
         pings, enqueues = [], []
@@ -233,7 +191,7 @@ async def main(n_hosts: int, waiting: int, n: int, seed: int) -> dict[str, Any]:
 
         freed_to_admitted = []
         for _ in range(n):
-            host_id, gpu, freed_at = await free_one(kit, rnd)
+            host_id, gpu, freed_at = await free_one(kit)
 
             async def taken(host_id: uuid.UUID = host_id, gpu: int = gpu) -> bool:
                 async with kit.sessions() as s:

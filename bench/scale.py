@@ -125,21 +125,46 @@ async def seed_hosts(kit: Any, n: int) -> list[uuid.UUID]:
     return ids
 
 
-async def seed_allocations(
-    kit: Any, free: list[tuple[uuid.UUID, int]], n: int, tenant: uuid.UUID, project: uuid.UUID, t0: datetime
-) -> None:
-    """`n` active 1-GPU allocations on GPUs taken from `free` (already shuffled)."""
+async def project_member(kit: Any, key: ECKey, tenant: uuid.UUID, project: uuid.UUID) -> str:
+    """A new member of `project` in the service's projection (as identity's events would make it) and a day-long
+    token for them signed with the bench's key."""
+    user = uuid.uuid4()
+    events = [
+        ev.ProjectCreated.build(
+            subject=project, source="identity", data=ev.ProjectState(project_id=project, tenant_id=tenant, name="s")
+        ),
+        ev.MembershipGranted.build(
+            subject=user,
+            source="identity",
+            data=ev.MembershipState(
+                membership_id=uuid.uuid4(),
+                user_id=user,
+                scope=MembershipScope.project,
+                role=Role.project_member,
+                tenant_id=tenant,
+                project_id=project,
+            ),
+        ),
+    ]
+    async with kit.sessions() as s, s.begin():
+        for e in events:
+            await apply_locally(s, e)
+    now = int(time.time())
+    claims = {"iss": kit.settings.jwt_issuer, "aud": "gpuaas", "sub": str(user), "typ": "user"}
+    return jwt.encode({"alg": "ES256", "kid": "bench"}, {**claims, "iat": now, "exp": now + 86400}, key)
+
+
+async def seed_active(kit: Any, placed: list[tuple[uuid.UUID, uuid.UUID, uuid.UUID, int, datetime]]) -> None:
+    """Active 1-GPU allocations [(tenant, project, host, gpu, at)] with their gpu_assignments rows, in chunks."""
     allocs, assigns = [], []
-    for i in range(n):
-        host_id, gpu = free.pop()
+    for tenant, project, host_id, gpu, at in placed:
         a = uuid.uuid4()
-        at = t0 + timedelta(milliseconds=i)
         allocs.append(
             {"id": a, "t": tenant, "p": project, "h": host_id, "g": json.dumps([gpu]), "at": at, "u": "a" + a.hex[-11:]}
         )
         assigns.append({"h": host_id, "g": gpu, "a": a})
     async with kit.sessions() as s, s.begin():
-        for chunk in range(0, n, 2000):
+        for chunk in range(0, len(allocs), 2000):
             await s.execute(
                 text(
                     "INSERT INTO allocations (allocation_id, tenant_id, project_id, shape, gpu_model, gpu_count,"
@@ -153,6 +178,17 @@ async def seed_allocations(
                 text("INSERT INTO gpu_assignments (host_id, gpu_index, allocation_id) VALUES (:h, :g, :a)"),
                 assigns[chunk : chunk + 2000],
             )
+
+
+async def seed_allocations(
+    kit: Any, free: list[tuple[uuid.UUID, int]], n: int, tenant: uuid.UUID, project: uuid.UUID, t0: datetime
+) -> None:
+    """`n` active 1-GPU allocations on GPUs taken from `free` (already shuffled)."""
+    placed = []
+    for i in range(n):
+        host_id, gpu = free.pop()
+        placed.append((tenant, project, host_id, gpu, t0 + timedelta(milliseconds=i)))
+    await seed_active(kit, placed)
     async with kit.sessions() as s:
         await s.execute(text("ANALYZE allocations; "))
         await s.execute(text("ANALYZE gpu_assignments"))
@@ -189,40 +225,8 @@ async def main(levels: list[int], n_hosts: int, n: int, before: bool) -> dict[st
         await wait_for(lambda: server.started, 60, "server")
         kit = app.state.kit
         pin_keys(kit, KeySet([key]).as_dict(private=False))
-        user, tenant, project = (uuid.uuid4() for _ in range(3))
-        events = [
-            ev.ProjectCreated.build(
-                subject=project, source="identity", data=ev.ProjectState(project_id=project, tenant_id=tenant, name="s")
-            ),
-            ev.MembershipGranted.build(
-                subject=user,
-                source="identity",
-                data=ev.MembershipState(
-                    membership_id=uuid.uuid4(),
-                    user_id=user,
-                    scope=MembershipScope.project,
-                    role=Role.project_member,
-                    tenant_id=tenant,
-                    project_id=project,
-                ),
-            ),
-        ]
-        async with kit.sessions() as s, s.begin():
-            for e in events:
-                await apply_locally(s, e)
-        now = int(time.time())
-        token = jwt.encode(
-            {"alg": "ES256", "kid": "bench"},
-            {
-                "iss": kit.settings.jwt_issuer,
-                "aud": "gpuaas",
-                "sub": str(user),
-                "typ": "user",
-                "iat": now,
-                "exp": now + 86400,
-            },
-            key,
-        )
+        tenant, project = uuid.uuid4(), uuid.uuid4()
+        token = await project_member(kit, key, tenant, project)
         t_seed = time.perf_counter()
         host_ids = await seed_hosts(kit, n_hosts)
         free = [(h, g) for h in host_ids for g in range(GPUS_PER_HOST)]

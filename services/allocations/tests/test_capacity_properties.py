@@ -179,16 +179,17 @@ async def test_random_operations_on_two_replicas_keep_the_queue_safe(world: Worl
             assert r.status_code == 201, r.text  # a full fleet queues; it never refuses a valid request
             created.add(r.json()["allocation_id"])
 
-        async def release(statuses: tuple[str, ...]) -> None:
+        async def release(statuses: tuple[str, ...], *, every: bool = False) -> None:
+            """Release (or cancel) one random allocation in `statuses`, or `every` one of them."""
+            q = "SELECT allocation_id, project_id FROM allocations WHERE status = ANY(:s)"
+            q += "" if every else " ORDER BY random() LIMIT 1"
             async with w.kit.sessions() as s:
-                q = "SELECT allocation_id, project_id FROM allocations WHERE status = ANY(:s) ORDER BY random() LIMIT 1"
-                row = (await s.execute(text(q), {"s": list(statuses)})).first()
-            if row is None:
-                return
-            who = stranger if row.project_id == w.ids["px"] else owner
-            r = await who.post(f"/allocations/{row.allocation_id}/release")
-            # 409: it moved on meanwhile (released, preempted, expired): the race this test is for
-            assert r.status_code in (202, 200, 409), r.text
+                rows = (await s.execute(text(q), {"s": list(statuses)})).all()
+            for row in rows:
+                who = stranger if row.project_id == w.ids["px"] else owner
+                r = await who.post(f"/allocations/{row.allocation_id}/release")
+                # 409: it moved on meanwhile (released, preempted, expired): the race this test is for
+                assert r.status_code in (202, 200, 409), r.text
 
         async def guarantee() -> None:
             g = rnd.choice([0, 0, 2, 4])
@@ -256,17 +257,8 @@ async def test_random_operations_on_two_replicas_keep_the_queue_safe(world: Worl
         r = await op.put(f"/tenants/{w.ids['t2']}/queues/{MODEL}", json={"guarantee": 0, "limit": LIMITS["px"]})
         assert r.status_code == 200, r.text
 
-        async def release_all_active() -> None:
-            async with w.kit.sessions() as s:
-                q = "SELECT allocation_id, project_id FROM allocations WHERE status = 'active'"
-                rows = (await s.execute(text(q))).all()
-            for row in rows:
-                who = stranger if row.project_id == w.ids["px"] else owner
-                r = await who.post(f"/allocations/{row.allocation_id}/release")
-                assert r.status_code in (202, 200, 409), r.text
-
         async def drained() -> bool:
-            await release_all_active()  # every round: hundreds may still wait after a long run
+            await release(("active",), every=True)  # every round: hundreds may still wait after a long run
             snap = await snapshot(w)
             check_invariants(w, snap, created)
             return not any(a.status in ("queued", "provisioning") for a in snap["allocs"])

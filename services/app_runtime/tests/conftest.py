@@ -8,7 +8,7 @@ import asyncio
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -70,6 +70,13 @@ async def rt(infra, signer) -> AsyncIterator[Runtime]:
         sse_poll_interval_s=0.1,
         lease_default_s=10,
     )
+    async with serving(app, signer) as runtime:
+        yield runtime
+
+
+@asynccontextmanager
+async def serving(app: Any, signer: Any) -> AsyncIterator[Runtime]:
+    """The app started (its lifespan through `running`) and served over HTTP on a free loopback port."""
     async with running(app, jwks=signer.jwks) as (_, kit):
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))

@@ -7,14 +7,12 @@ service works again once the server is back."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 import asyncssh
 import pytest
-import uvicorn
 from sqlalchemy import text
 
 from gpuaas.app_runtime.app import SPEC
@@ -22,14 +20,14 @@ from gpuaas.app_runtime.custody import VaultCustody
 from gpuaas.app_runtime.runtime import AppRuntimeState
 from gpuaas.devstack.infra import OpenBao, free_port
 from gpuaas.kit.event_signing import generate_seed, key_id, public_of
-from gpuaas.kit.testing import running, service_app
+from gpuaas.kit.testing import service_app
 from gpuaas.kit.testing_vault import VaultSandbox
 from gpuaas.kit.vault import TransitKey, VaultClient
 from gpuaas.kit.vault_keys import wrap_new_key
 from gpuaas.sdk import ApiError
 from gpuaas.sdk.models import PlacementIntent
 
-from .conftest import Runtime, World, _Server
+from .conftest import Runtime, World, serving
 
 pytestmark = pytest.mark.integration
 SERVICE = "app-runtime"
@@ -78,19 +76,8 @@ async def rt(infra, signer, box: VaultSandbox) -> AsyncIterator[Runtime]:
         vault_path_prefix=f"{SERVICE}/credentials",
         vault_refresh_interval_s=0.2,
     )
-    async with running(app, jwks=signer.jwks) as (_, kit):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        server = _Server(uvicorn.Config(app, lifespan="off", log_config=None, access_log=False))
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            await asyncio.sleep(0.01)
-        try:
-            yield Runtime(kit, f"http://127.0.0.1:{sock.getsockname()[1]}", signer)
-        finally:
-            server.should_exit = True
-            await asyncio.wait([task], timeout=5)
-            sock.close()
+    async with serving(app, signer) as runtime:
+        yield runtime
 
 
 async def _deploy(w: World) -> uuid.UUID:

@@ -94,8 +94,8 @@ async def run_cycle(session: AsyncSession, model: str, preemption: PreemptionCon
                 a.pending_reason,
                 a.queue_position,
             )
-            .where(allocations.c.status == AllocationStatus.queued, allocations.c.gpu_model == model)
-            .order_by(allocations.c.enqueued_at, allocations.c.allocation_id)
+            .where(a.status == AllocationStatus.queued, a.gpu_model == model)
+            .order_by(a.enqueued_at, a.allocation_id)
         )
     ).all()
     waiting_rows = []
