@@ -44,8 +44,12 @@ def _names_a_path(args: list[str]) -> bool:
     )
 
 
+# Every run names its slowest tests, so a CI log says where its minutes went (the 90-minute budget is real).
+DURATIONS = ("--durations=15", "--durations-min=15")
+
+
 def _run(group: tuple[str, ...], args: list[str]) -> int:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, *group]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DURATIONS, *args, *group]
     started = time.monotonic()
     print(f"== pytest {' '.join(group)}", flush=True)
     rc = subprocess.call(command, cwd=ROOT)

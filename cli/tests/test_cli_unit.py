@@ -186,7 +186,7 @@ CONTAINER_ALLOCATION = {
 @pytest.fixture
 def allocation_server() -> Iterator[tuple[str, list[dict]]]:
     """A platform answering an allocation (container driver, runtime, limits), its empty timeline, and
-    recording the bodies of creates."""
+    recording the bodies of creates and actions (a DELETE as its path)."""
     created: list[dict] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -204,6 +204,10 @@ def allocation_server() -> Iterator[tuple[str, list[dict]]]:
         def do_POST(self) -> None:
             created.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             self._answer(201, CONTAINER_ALLOCATION)
+
+        def do_DELETE(self) -> None:
+            created.append({"DELETE": self.path})
+            self._answer(200, CONTAINER_ALLOCATION)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -254,3 +258,23 @@ def test_a_queued_allocation_shows_its_position_and_reason() -> None:
     queued = {**CONTAINER_ALLOCATION, "status": "queued", "pending_reason": "no_capacity", "queue_position": 3}
     assert status_line(Allocation.model_validate(queued)) == "queued (position 3, no_capacity)"
     assert status_line(Allocation.model_validate(CONTAINER_ALLOCATION)) == "active"
+
+
+def test_a_waiting_resize_is_shown_sent_only_when_chosen_and_cancelled(
+    allocation_server: tuple[str, list[dict]],
+) -> None:
+    from gpuaas.cli.commands.allocations import status_line
+    from gpuaas.sdk.models import Allocation
+
+    waiting = {**CONTAINER_ALLOCATION, "pending_resize_gpus": 2, "pending_resize_reason": "no_capacity"}
+    assert status_line(Allocation.model_validate(waiting)) == "active (resize to 2 GPUs waits: no_capacity)"
+    url, sent = allocation_server
+    Config(access_token="t").save()
+    for args in (["resize", ALLOC_ID, "2", "--no-queue"], ["resize", ALLOC_ID, "2"], ["resize-cancel", ALLOC_ID]):
+        result = CliRunner().invoke(app, ["--url", url, "alloc", *args])
+        assert result.exit_code == 0, result.output
+    assert sent == [
+        {"gpu_count": 2, "queue": False},
+        {"gpu_count": 2},  # the body older platforms accept
+        {"DELETE": f"/api/allocations/allocations/{ALLOC_ID}/resize"},
+    ]

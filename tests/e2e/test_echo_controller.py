@@ -1,20 +1,25 @@
-"""The guide's example controller (examples/echo-controller) on the real stack, as an app team would run it:
-published through the SDK's catalog calls (a real OCI registry, checks, promotion gates, manifest, entitlement),
-a service account bound as its controller, the controller run by `gpuaas-controller run` as its own process
-(SIGTERM, /healthz, /metrics), real processes started over SSH in the members, scale up and down, and a
-decommission whose teardown the controller verified."""
+"""docs/app-controllers.md, run: the guide's own steps (tests/e2e/guide.py), in the guide's order, on the e2e stack,
+as an app team would run them with its example controller (examples/echo-controller). The team's tenant, project
+and users, its allocations, publishing through the SDK's catalog calls (a real OCI registry, checks, promotion
+gates, manifest, entitlement), the service account bound as its controller, the controller run by the guide's
+`gpuaas-controller run` command as its own process (SIGTERM, /healthz, /metrics), real processes started over SSH
+in the members, scale up and down, and a decommission whose teardown the controller verified. Between the steps
+this test checks what the guide promises; the steps themselves are the guide's text, so the guide cannot drift."""
 
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +31,14 @@ from gpuaas.devstack.infra import free_port, stop_process
 from gpuaas.devstack.pytest_plugin import target_of
 from gpuaas.devstack.registry import LocalRegistry, RegistryMissing
 from gpuaas.devstack.stack import Stack
-from gpuaas.sdk import ApiError
+from gpuaas.sdk import Client
 from gpuaas.sdk.controller import MemberShell
-from gpuaas.sdk.controller.harness import Harness, Team, wait
-from gpuaas.sdk.models import PlacementIntent
+from gpuaas.sdk.controller.harness import wait
+from tests.e2e.guide import Guide, Step
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "echo-controller"
-sys.path.insert(0, str(EXAMPLE / "src"))  # the example as an app team has it (installed once uv.lock has it)
-from echo_controller import MANIFEST  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +53,23 @@ def registry() -> Iterator[LocalRegistry]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-async def harness(stack: Stack, admin_token: str) -> AsyncIterator[Harness]:
-    h = Harness(stack.gateway_url, admin_token)
-    yield h
-    await h.aclose()
+def _workdir(stack: Stack, registry: LocalRegistry, root: Path) -> Path:
+    """A directory laid out as the guide expects of a `make run` checkout: `.local/stack.json` (this stack's, with
+    the test's registry), `examples/` and the controller's package in `dist/echo.tar.gz`."""
+    (root / ".local").mkdir(parents=True)
+    state = stack.state() | {"registry": {"address": registry.address}}
+    (root / ".local" / "stack.json").write_text(json.dumps(state, default=str))
+    (root / "examples").symlink_to(ROOT / "examples")
+    package = io.BytesIO()
+    with tarfile.open(fileobj=package, mode="w:gz") as tar:  # what `tar czf dist/echo.tar.gz -C ... src` makes
+        tar.add(EXAMPLE / "src", "src", filter=lambda i: None if "__pycache__" in i.name else i)
+    (root / "dist").mkdir()
+    (root / "dist" / "echo.tar.gz").write_bytes(package.getvalue())
+    return root
 
 
-async def _allocations(stack: Stack, gw: httpx.AsyncClient, team: Team, n: int) -> tuple[list[str], Any]:
+async def _capacity(stack: Stack, gw: httpx.AsyncClient) -> subprocess.Popen[bytes]:
+    """A host of its own for the team's allocations (the operator's capacity: before the guide starts)."""
     run = uuid.uuid4().hex[:6]
     host = (await gw.post("/api/allocations/hosts", json={"name": f"echo-{run}"})).json()
     agent = start_agent(target_of(stack), host["node_token"], f"echo-{run}", "8xH100-80GB")
@@ -66,75 +78,61 @@ async def _allocations(stack: Stack, gw: httpx.AsyncClient, team: Team, n: int) 
         return (await gw.get(f"/api/allocations/hosts/{host['host_id']}")).json().get("status") == "ready"
 
     await wait(ready, "host ready", timeout_s=60)
-    ids = []
-    for i in range(n):
-
-        async def create(i: int = i) -> str | None:
-            try:
-                body = {"gpu_model": "H100-80GB", "gpu_count": 1, "name": f"echo-{i}"}
-                a = await team.user.request(
-                    "POST", f"/api/allocations/projects/{team.project_id}/allocations", json=body
-                )
-            except ApiError:
-                return None  # allocations learns of the new project through identity's events
-            return str(a["allocation_id"])
-
-        ids.append(await wait(create, "allocation created", timeout_s=60))
-    for aid in ids:
-
-        async def active(aid: str = aid) -> bool:
-            return (await team.user.request("GET", f"/api/allocations/allocations/{aid}"))["status"] == "active"
-
-        await wait(active, "allocation active", timeout_s=90)
-    return ids, agent
+    return agent
 
 
-def _run_controller(stack: Stack, team: Team, slug: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _run_controller(step: Step, ns: dict[str, Any], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """The guide's `run` command as it stands, with the names it uses from the Python steps; faster polls and a
+    free health port through the runner's environment variables."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(EXAMPLE / "src"), os.environ.get("PYTHONPATH", "")]),
-        "GPUAAS_URL": stack.gateway_url,
-        "GPUAAS_CLIENT_ID": team.service_account["client_id"],
-        "GPUAAS_CLIENT_SECRET": team.service_account["client_secret"],
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "GATEWAY": ns["GATEWAY"],
+        "CLIENT_ID": ns["CLIENT_ID"],
+        "CLIENT_SECRET": ns["CLIENT_SECRET"],
+        "GPUAAS_HEALTH_PORT": str(port),
         "GPUAAS_POLL_S": "0.3",
         "GPUAAS_RECONCILE_EVERY_S": "2",
+        "GPUAAS_LEASE_S": "20",
     }
-    cmd = [sys.executable, "-m", "gpuaas.sdk.controller.runner", "run", "echo_controller:EchoController"]
-    cmd += ["--app-slug", slug, "--port", str(port), "--lease-s", "20"]
-    return subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    # bash runs a lone command in place (exec), so the pid is the controller's and SIGTERM reaches it
+    return subprocess.Popen(
+        ["bash", "-c", step.source], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
-async def test_echo_controller_from_publishing_to_decommission(
-    stack: Stack, gw: httpx.AsyncClient, harness: Harness, registry: LocalRegistry, tmp_path: Path
+async def test_the_guide_from_publishing_to_decommission(
+    stack: Stack,
+    gw: httpx.AsyncClient,
+    registry: LocalRegistry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    team = await harness.team("echo")
-    slug = f"echo-{uuid.uuid4().hex[:6]}"
-    manifest = await harness.publish(team, {**MANIFEST, "slug": slug}, registry=registry.address)
-    assert manifest.active and manifest.artifact_kind == "controller"
-    (a_server, a_w1, a_w2), agent = await _allocations(stack, gw, team, 3)
-    user = team.user
-
-    async def deploy() -> Any:
-        try:
-            return await user.deploy(
-                team.project_id,
-                name="echo",
-                app_slug=slug,
-                config={"greeting": "hello from echo"},
-                placement=PlacementIntent(
-                    mode="split", controller_allocation_id=a_server, worker_allocation_ids=[a_w1]
-                ),
-            )
-        except ApiError as exc:  # app-runtime's projections of catalog and allocations catch up
-            if exc.code not in ("app_not_found", "app_not_entitled", "allocation_not_in_project", "not_found"):
-                raise
-            return None
-
-    iid = (await wait(deploy, "deploy accepted", timeout_s=60)).instance_id
-    await team.bind(slug)
-    port, log = free_port(), tmp_path / "controller.log"
-    proc = _run_controller(stack, team, slug, port, log)
+    monkeypatch.chdir(_workdir(stack, registry, tmp_path / "checkout"))
+    agent = await _capacity(stack, gw)
+    guide = Guide()
+    ns = guide.ns
+    proc: subprocess.Popen[bytes] | None = None
+    controller: Client | None = None
     try:
+        for step in ("stack", "team"):
+            await guide.run(step)
+        try:
+            await guide.run("allocations", timeout_s=150)  # a failed one raises, naming why
+        except TimeoutError:  # say where it stopped (queued, provisioning)
+            last = ns.get("a")  # the step's last read of the allocation it waits for
+            pytest.fail(f"allocation not active: {last and (last.status, last.pending_reason, last.queue_position)}")
+        for step in ("publish", "project"):
+            await guide.run(step)
+        assert ns["registered"].active and ns["registered"].artifact_kind == "controller"
+        port, log = free_port(), tmp_path / "controller.log"
+        proc = _run_controller(guide.step("run"), ns, port, log)
+        user = ns["user"]
+        controller = Client(ns["GATEWAY"])  # the service account, to look into the members ourselves
+        controller.use_client_credentials(ns["CLIENT_ID"], ns["CLIENT_SECRET"])
+
+        await guide.run("deploy")
+        iid = ns["inst"].instance_id
 
         async def healthy(workers: int) -> bool:
             inst = await user.instance(iid)
@@ -149,22 +147,22 @@ async def test_echo_controller_from_publishing_to_decommission(
         assert inst.runtime_detail["url"].endswith("/index.html")
         members = {m.component_key: m for m in await user.members(iid)}
         assert members["server"].detail["port"] > 0 and members["worker"].detail["pid"] > 0  # member_detail sent
-        state = await team.controller.controller_state(iid)  # the controller's state, on the platform
+        state = await controller.controller_state(iid)  # the controller's state, on the platform
         assert state["version"] >= 1 and state["state"]["server"]["url"] == inst.runtime_detail["url"]
         async with httpx.AsyncClient() as http:  # the server is real and answers the configured greeting
             assert (await http.get(inst.runtime_detail["url"])).text == "hello from echo"
 
-        # scale up: a second worker on another allocation
-        await user.request_operation(iid, "add", allocation_id=a_w2, component_key="worker")
+        await guide.run("scale-up")  # a second worker on the third allocation
         await wait(lambda: healthy(2), "echo running with 2 workers", timeout_s=180)
-        w2 = next(m for m in await user.members(iid) if m.allocation_id == uuid.UUID(a_w2))
+        a_w2 = ns["A2"]
+        w2 = next(m for m in await user.members(iid) if m.allocation_id == a_w2)
         pid = int(w2.detail["pid"])
-        shell = MemberShell(team.controller, iid, a_w2)  # look for ourselves: the worker's process is real
+        shell = MemberShell(controller, iid, str(a_w2))  # look for ourselves: the worker's process is real
         alive = await shell.run(f"kill -0 {pid} && cat ~/echo/{w2.member_id}/last")
         assert alive.stdout.strip() == "hello from echo"
 
-        # scale down: remove it; the controller verifies the process is gone
-        await user.request_operation(iid, "remove", member_id=w2.member_id)
+        await guide.run("scale-down")  # removed; the controller verifies the process is gone
+        assert ns["worker"].member_id == w2.member_id
 
         async def removed() -> Any:
             ops = [o for o in await user.operations(iid) if o.kind == "remove" and o.status == "succeeded"]
@@ -182,26 +180,25 @@ async def test_echo_controller_from_publishing_to_decommission(
         assert 'gpuaas_controller_operations_total{kind="add",outcome="succeeded"} 3.0' in metrics
         assert 'gpuaas_controller_reconciles_total{outcome="ok"}' in metrics
 
-        # decommission: every member removed with verified teardown
-        await user.decommission(iid, "done")
-
-        async def decommissioned() -> Any:
-            inst = await user.instance(iid)
-            return inst if inst.status in ("decommissioned", "decommission_failed") else None
-
-        final = await wait(decommissioned, "decommission finished", timeout_s=180)
-        assert final.status == "decommissioned", final.decommission
+        await guide.run("decommission")  # every member removed with verified teardown
+        assert ns["final"].status == "decommissioned", ns["final"].decommission
+        assert guide.remaining() == []  # every step of the guide ran
         async with httpx.AsyncClient() as http:
             with pytest.raises(httpx.TransportError):
                 await http.get(inst.runtime_detail["url"], timeout=2)
     finally:
-        proc.send_signal(signal.SIGTERM)  # graceful: finishes what it holds, then exits 0
-        try:
-            code = await asyncio.to_thread(proc.wait, 30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            stop_process(agent)
+        code = None
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)  # graceful: finishes what it holds, then exits 0
+            try:
+                code = await asyncio.to_thread(proc.wait, 30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        stop_process(agent)
+        for client in (controller, ns.get("op"), ns.get("user"), ns.get("lead")):
+            if isinstance(client, Client):
+                await client.aclose()
     output = log.read_text()
     assert code == 0, output[-3000:]
     assert "controller_stopped" in output and "operation_succeeded" in output

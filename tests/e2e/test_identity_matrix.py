@@ -288,6 +288,7 @@ for _m, _p in [
     ("GET", "/allocations/{allocation_id}"),
     ("POST", "/allocations/{allocation_id}/restart"),
     ("POST", "/allocations/{allocation_id}/resize"),
+    ("DELETE", "/allocations/{allocation_id}/resize"),  # cancel a waiting resize (issue 29)
     ("POST", "/allocations/{allocation_id}/release"),
     ("POST", "/allocations/{allocation_id}/retry-release"),
     ("GET", "/allocations/{allocation_id}/timeline"),

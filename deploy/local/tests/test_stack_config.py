@@ -166,3 +166,31 @@ def test_each_running_stack_gets_its_own_overlay_pool_and_keeps_it_across_restar
     assert [again[k] for k in overlay] == [a[k] for k in overlay]  # remembered: its segments keep their subnets
     restarted.stop()
     second.stop()
+
+
+def test_a_slot_whose_subnets_are_in_use_is_skipped_unless_it_is_the_stacks_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stack killed without its stop leaves its agents' project networks (containers on them) holding its
+    slot's first subnets: a new stack skips that slot; a restart of the stack that owns it takes it back."""
+    import ipaddress
+
+    from gpuaas.devstack import overlay_slots
+
+    probe = overlay_slots.OverlaySlot(tmp_path / "probe")
+    slot = probe.claim()  # a slot no stack on this machine holds now
+    probe.release()
+    leftover = next(overlay_slots.slot_network(slot).subnets(new_prefix=24))
+    monkeypatch.setattr(overlay_slots, "subnets_in_use", lambda: [leftover])
+    owner = overlay_slots.OverlaySlot(tmp_path / "owner")
+    (tmp_path / "owner").mkdir()
+    (tmp_path / "owner" / "overlay-slot").write_text(str(slot))
+    fresh = overlay_slots.OverlaySlot(tmp_path / "fresh")
+    try:
+        got = ipaddress.IPv4Network(fresh.env()["GPUAAS_ALLOCATIONS_OVERLAY_POOL"])
+        assert fresh.slot != slot and not got.overlaps(leftover)
+        fresh.release()
+        assert owner.claim() == slot  # its own segments are what holds the subnet
+    finally:
+        owner.release()
+        fresh.release()

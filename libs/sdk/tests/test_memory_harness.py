@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -150,6 +151,19 @@ async def test_a_drain_past_its_deadline_does_not_block_the_remove() -> None:
     assert ctl.log == ["drain", "remove"]  # cut off at its deadline
     assert h.operation(op)["result"]["drain"] == "not drained within 0.2s"
     assert h.operation(op)["status"] == "succeeded"
+
+
+async def test_a_preemption_drain_runs_until_its_deadline_at() -> None:
+    ctl = Draining(drain_s=30)
+    h = InMemoryHarness(ctl, manifest=UNORDERED)
+    iid = h.deploy({}, head=1)
+    await h.settle()
+    (member,) = h.members(iid)
+    at = (datetime.now(UTC) + timedelta(seconds=0.2)).isoformat()  # a time, as the platform's preemption drain
+    op = h.request(uuid.UUID(member["member_id"]), "drain", reason="preemption", deadline_at=at, deadline_s=600)
+    await h.settle()
+    assert ctl.log == ["drain"]  # cut off at the time, not after deadline_s
+    assert h.operation(op)["status"] == "failed" and "deadline" in h.operation(op)["error"]
 
 
 async def test_progress_keeps_the_lease_length_and_member_detail_shows_while_running() -> None:

@@ -385,3 +385,22 @@ def test_with_weights_a_blocked_head_does_not_block_other_queues_or_smaller_requ
     p = go([host("a", gpus=4, used=(0, 1))], [big, small, other], queues=queues)
     assert set(admitted(p)) == {small.allocation_id, other.allocation_id}
     assert reasons(p) == {big.allocation_id: "no_capacity"}
+
+
+def test_a_waiting_resize_grows_only_on_its_own_host_and_never_preempts() -> None:
+    own, roomy = host("own", 2, used=(0, 1)), host("roomy", 8)
+    holder = run(T1, own, gpus=1)
+    resize = Waiting(holder.allocation_id, holder.queue_id, T1, CapacityShape.gpu_slice, 1, None, 0, 0.0, own.host_id)
+    guaranteed = settings(tq(T1, guarantee=4), tq(T2))
+    p = plan(
+        model=M,
+        queues=guaranteed,
+        running=[holder, run(T2, own, gpus=1)],
+        waiting=[resize],
+        hosts=[own, roomy],
+        now=NOW,
+    )
+    assert admitted(p) == [] and reasons(p) == {resize.allocation_id: "no_capacity"} and p.preemptions == ()
+    freed = host("own", 2, used=(0,))
+    p = plan(model=M, queues={}, running=[holder], waiting=[resize], hosts=[freed, roomy], now=NOW)
+    assert [(a.host_id, a.gpu_indices) for a in p.admissions] == [(own.host_id, (1,))]

@@ -1,7 +1,9 @@
 """The capacity queue (issue 29) on the real service: a create that cannot be placed waits `queued` with its
 reason and position, the admission runner admits it with a placement when capacity frees up, a queued request
 can be cancelled or gives up after its max_wait, limits hold it back, weights divide a pool between tenants,
-queue settings are validated with nothing half-written, and concurrent runners never double-book."""
+queue settings are validated with nothing half-written, and concurrent runners never double-book. A resize up
+its host cannot give waits (the allocation runs on) until GPUs free on that host, and can be cancelled; a restart
+whose host is lost re-runs the allocation elsewhere, queued until a host fits."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from gpuaas.allocations.reconciler import admit_once
 from gpuaas.allocations.service.admission_runner import run_cycle
 from gpuaas.kit.testing import wait_for
 
-from .conftest import World
+from .conftest import FakeAgent, World
 from .test_capacity_and_failures import register_without_agent
+from .test_metrics import scrape, value
 
 pytestmark = pytest.mark.integration
 
@@ -212,6 +215,13 @@ async def test_bad_queue_settings_are_422_with_nothing_written(world: World) -> 
         assert (await tadmin.put(f"/tenants/{t1}/queues/{MODEL}", json={"guarantee": 4})).status_code == 403
         r = await op.put(f"/tenants/{t1}/queues/{MODEL}", json={"guarantee": 4, "limit": 6})
         assert r.status_code == 200 and r.json()["guarantee"] == 4 and r.json()["version"] == 1, r.text
+        assert r.headers["etag"] == '"1"'
+        # If-Match: a write based on another version, or on settings that do not exist yet, is 412.
+        stale = {"If-Match": '"2"'}
+        r = await op.put(f"/tenants/{t1}/queues/{MODEL}", json={"guarantee": 1}, headers=stale)
+        assert r.status_code == 412 and r.json()["code"] == "version_mismatch", r.text
+        r = await tadmin.put(f"/projects/{p2}/queues/{MODEL}", json={"guarantee": 1}, headers={"If-Match": '"1"'})
+        assert r.status_code == 412 and r.json()["code"] == "version_mismatch", r.text
         r = await tadmin.put(f"/projects/{p1}/queues/{MODEL}", json={"guarantee": 3, "weight": 2})
         assert r.status_code == 200, r.text
         r = await tadmin.put(f"/projects/{p2}/queues/{MODEL}", json={"guarantee": 2})
@@ -226,6 +236,7 @@ async def test_bad_queue_settings_are_422_with_nothing_written(world: World) -> 
         assert r.status_code == 200 and (r.json()["guarantee"], r.json()["weight"]) == (3, 2.0)
         r = await tadmin.get(f"/tenants/{t1}/queues/{MODEL}")
         assert r.status_code == 200 and (r.json()["guarantee"], r.json()["limit"]) == (4, 6)
+        assert r.headers["etag"] == '"1"'
     rows = await _rows(w, "SELECT scope, guarantee FROM capacity_queues ORDER BY scope")
     assert [tuple(r) for r in rows] == [("project", 3), ("tenant", 4)]
     assert await _outbox(w, "capacity_queue.updated") == 2
@@ -311,3 +322,117 @@ async def test_a_request_that_cannot_run_as_asked_fails_instead_of_wedging_its_p
         await w.wait_status("owner", fits["allocation_id"], "provisioning", "active", timeout_s=20)
     finally:
         await agent.aclose()
+
+
+async def _fake_host(w: World, name: str, gpus: int) -> FakeAgent:
+    """A host whose (fake) agent completes the tasks a test hands it; its heartbeats keep it ready."""
+    agent = FakeAgent(w.url, (await w.enrol(name))["node_token"])
+    gpu_list = [{"index": i, "model": MODEL, "memory_mb": 81920} for i in range(gpus)]
+    assert (await agent.register(gpus=gpu_list, driver="process")).status_code == 200
+    return agent
+
+
+async def _running(w: World, agent: FakeAgent, **body: Any) -> str:
+    r = await w.create("owner", **body)
+    assert r.status_code == 201 and r.json()["status"] == "provisioning", r.text
+    aid = str(r.json()["allocation_id"])
+    await agent.complete(await agent.task_for(aid, "provision"), ssh_host="127.0.0.1", ssh_port=2222)
+    await w.wait_status("owner", aid, "active")
+    return aid
+
+
+async def _release(w: World, agent: FakeAgent, aid: str) -> None:
+    async with w.client("owner") as c:
+        assert (await c.post(f"/allocations/{aid}/release")).status_code == 202
+    await agent.complete(await agent.task_for(aid, "release"))
+
+
+async def test_a_resize_up_its_host_cannot_give_waits_then_is_granted_there(world: World) -> None:
+    w = world
+    agent = await _fake_host(w, "grow-1", 2)
+    try:
+        aid = await _running(w, agent)
+        other = await _running(w, agent)  # the host is full
+        async with w.client("owner") as c:
+            r = await c.post(f"/allocations/{aid}/resize", json={"gpu_count": 2})
+        assert r.status_code == 202, r.text
+        body = r.json()
+        assert (body["status"], body["gpu_count"], body["pending_resize_gpus"]) == ("active", 1, 2), body
+        assert body["pending_resize_reason"] == "no_capacity" and body["target_gpu_count"] is None
+        assert (await _get(w, "owner", aid))["pending_resize_since"] is not None
+        assert await _outbox(w, "allocation.resize_queued", aid) == 1
+        async with w.client("owner") as c:
+            again = await c.post(f"/allocations/{aid}/resize", json={"gpu_count": 2})
+            assert again.status_code == 409 and again.json()["code"] == "resize_pending", again.text
+            # The queue view counts the waiting resize as waiting demand: its one extra GPU, not its target.
+            view = (await c.get(f"/projects/{w.ids['p1']}/queues/{MODEL}")).json()
+        assert (view["in_use"], view["waiting"], view["waiting_gpus"]) == (2, 1, 1), view
+        assert view["pending_reasons"] == {"no_capacity": 1}, view
+        waiting = value(await scrape(w), "gpuaas_capacity_waiting_requests", gpu_model=MODEL, reason="no_capacity")
+        assert waiting == 1.0, waiting
+        # A create that would take the GPU freed on that host waits behind the resize (fair order).
+        behind = (await w.create("owner")).json()
+        assert behind["status"] == "queued", behind
+        await _release(w, agent, other)
+        grown = await w.wait_status("owner", aid, "resizing", timeout_s=15)
+        assert grown["target_gpu_count"] == 2 and grown["pending_resize_gpus"] is None, grown
+        task = await agent.task_for(aid, "resize")
+        assert task["payload"]["gpu_indices"] == [0, 1], task["payload"]
+        assert (await _get(w, "owner", behind["allocation_id"]))["status"] == "queued"
+        async with w.client("owner") as c:
+            timeline = (await c.get(f"/allocations/{aid}/timeline")).json()
+        assert any(e["phase"] == "resize.queue" and e["message"].startswith("resize granted") for e in timeline)
+    finally:
+        await agent.aclose()
+
+
+async def test_a_waiting_resize_can_be_cancelled_and_queue_false_keeps_the_409(world: World) -> None:
+    w = world
+    agent = await _fake_host(w, "grow-2", 2)
+    try:
+        aid = await _running(w, agent)
+        await _running(w, agent)
+        async with w.client("owner") as c:
+            r = await c.post(f"/allocations/{aid}/resize", json={"gpu_count": 2, "queue": False})
+            assert r.status_code == 409 and r.json()["code"] == "insufficient_gpus_on_host", r.text
+            r = await c.post(f"/allocations/{aid}/resize", json={"gpu_count": 3})  # more than the host has: never
+            assert r.status_code == 409 and r.json()["code"] == "insufficient_gpus_on_host", r.text
+            assert (await c.post(f"/allocations/{aid}/resize", json={"gpu_count": 2})).status_code == 202
+            r = await c.delete(f"/allocations/{aid}/resize")
+            assert r.status_code == 200 and r.json()["pending_resize_gpus"] is None, r.text
+            r = await c.delete(f"/allocations/{aid}/resize")
+            assert r.status_code == 409 and r.json()["code"] == "no_pending_resize", r.text
+        assert await _outbox(w, "allocation.resize_cancelled", aid) == 1
+        held = await _rows(w, "SELECT count(*) FROM gpu_assignments WHERE allocation_id = :a", a=aid)
+        assert held[0][0] == 1
+    finally:
+        await agent.aclose()
+
+
+async def test_a_restart_whose_host_is_lost_queues_a_rerun_admitted_elsewhere(world: World) -> None:
+    w = world
+    lost = await _fake_host(w, "lost-1", 1)
+    spare = await _fake_host(w, "spare-1", 1)
+    try:
+        aid = await _running(w, lost)
+        filler = await _running(w, spare)  # no other host fits now
+        await lost.aclose()  # its heartbeats stop: unreachable after the 3 s timeout
+
+        async def attention() -> bool:
+            return bool((await _get(w, "owner", aid))["attention"])
+
+        await wait_for(attention, 15, "the host turns unreachable")
+        async with w.client("owner") as c:
+            r = await c.post(f"/allocations/{aid}/restart")
+        assert r.status_code == 202, r.text
+        rerun = r.json()
+        assert (rerun["status"], rerun["pending_reason"], rerun["requeued_from"]) == ("queued", "no_capacity", aid)
+        old = await _get(w, "owner", aid)
+        assert old["status"] == "releasing" and old["billing_stopped_at"], old
+        await _release(w, spare, filler)
+        placed = await w.wait_status("owner", rerun["allocation_id"], "provisioning", timeout_s=15)
+        hosts = await _rows(w, "SELECT host_id FROM hosts WHERE name = 'spare-1'")
+        assert placed["host_id"] == str(hosts[0][0]), placed
+    finally:
+        await lost.aclose()
+        await spare.aclose()

@@ -141,6 +141,24 @@ class World:
         allocation_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
         aid = allocation_id or uuid.uuid4()
+        await self.rt.apply(
+            self.allocation_event(shape=shape, gpus=gpus, status=status, project=project, allocation_id=aid)
+        )
+        return aid
+
+    def allocation_event(
+        self,
+        *,
+        shape: CapacityShape = CapacityShape.baremetal,
+        gpus: int = 8,
+        status: AllocationStatus = AllocationStatus.active,
+        project: uuid.UUID | None = None,
+        allocation_id: uuid.UUID,
+        preemption: al.PreemptionNotice | None = None,
+    ) -> Event:
+        """The allocation's next event as allocations publishes it (its status's, or with `preemption` the
+        notice's), at the allocation's next version."""
+        aid = allocation_id
         version = self.versions.get(aid, 0) + 1
         self.versions[aid] = version
         now = datetime.now(UTC)
@@ -156,14 +174,18 @@ class World:
             requested_at=now,
             version=version,
             host_id=uuid.uuid4(),
+            preemption=preemption,
         )
-        cls = {
-            AllocationStatus.active: al.AllocationActivated,
-            AllocationStatus.releasing: al.AllocationReleaseRequested,
-            AllocationStatus.provisioning: al.AllocationProvisioning,
-        }[status]
-        await self.rt.apply(cls.build(data=state, source="allocations"))
-        return aid
+        cls = (
+            al.AllocationPreemptionScheduled
+            if preemption
+            else {
+                AllocationStatus.active: al.AllocationActivated,
+                AllocationStatus.releasing: al.AllocationReleaseRequested,
+                AllocationStatus.provisioning: al.AllocationProvisioning,
+            }[status]
+        )
+        return cls.build(data=state, source="allocations")
 
     async def manifest(
         self,

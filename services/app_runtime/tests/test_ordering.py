@@ -2,7 +2,8 @@
 role's `after` holds operations back when the runtime hands them out (workers come up after the head is up,
 and are taken away before it), a controller can defer an operation without burning an attempt, heartbeats keep
 the claim's lease length, member detail can be reported while an operation runs, a planned drain never
-degrades the instance, and a decommissioned instance drops its runtime detail."""
+degrades the instance, a preemption notice drains the members on its allocation, and a decommissioned instance
+drops its runtime detail."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ from typing import Any
 
 import pytest
 
+from gpuaas.contracts.events import allocations as al
 from gpuaas.contracts.events import catalog as cat
+from gpuaas.kit.testing import wait_for
+from gpuaas.kit.testing_events import publish
 from gpuaas.sdk import Controller, OperationContext, ReconcileLoop
+from gpuaas.sdk.controller.loop import drain_deadline_s
 from gpuaas.sdk.models import Operation
 
 from .conftest import World
@@ -179,6 +184,46 @@ async def test_a_planned_drain_never_degrades_and_decommission_drops_runtime_det
     inst = await user.instance(instance_id)
     assert inst.status == "decommissioned" and inst.runtime_detail == {}
     assert inst.health.status == "unknown"
+
+
+async def test_a_preemption_notice_drains_the_member_on_it_once(rt, infra, world: World) -> None:
+    w = world
+    user, ctl = w.user(w.admin), w.controller()
+    instance_id, (_, a_worker) = await deployed(w, workers=1)
+    loop = ReconcileLoop(ctl, app_slug=w.slug, controller=FakeSlurm(), lease_s=10, poll_interval_s=0.1)
+    await drive(loop, await status_is(w, instance_id, "running"))
+    worker = next(m for m in await user.members(instance_id) if m.allocation_id == a_worker)
+    at = datetime.now(UTC)
+    notice = al.PreemptionNotice(
+        deadline=at + timedelta(minutes=5), reason="reclaim_guarantee", for_allocation_id=uuid.uuid4(), scheduled_at=at
+    )
+    # signed with allocations' key and consumed from the broker, as allocations' relay publishes it
+    await publish(infra.kafka_bootstrap, [w.allocation_event(allocation_id=a_worker, preemption=notice)])
+
+    async def drains() -> list[Operation]:
+        return [o for o in await user.operations(instance_id) if o.kind == "drain"]
+
+    (drain,) = await wait_for(drains, 30, "the preemption's drain")
+    assert (drain.member_id, drain.params["reason"]) == (worker.member_id, "preemption")
+    assert datetime.fromisoformat(drain.params["deadline_at"]) == notice.deadline
+    assert 280 < (drain_deadline_s(drain.params) or 0) <= 300  # the SDK bounds the drain by the preemption's
+    (entry,) = [e for e in await user.timeline(instance_id) if e.kind == "member.preemption_scheduled"]
+    assert entry.data["reason"] == "preemption" and "is drained first" in entry.message
+
+    # the notice again (re-emitted at a newer version) drains nothing more; a planned drain degrades nothing
+    await rt.apply(w.allocation_event(allocation_id=a_worker, preemption=notice))
+    assert [o.operation_id for o in await drains()] == [drain.operation_id]
+    claim = await ctl.claim(w.slug, lease_s=30)
+    assert claim is not None and claim.operation.operation_id == drain.operation_id
+    assert (await user.instance(instance_id)).status == "running"
+    await ctl.complete(drain.operation_id, claim.lease_token, result={"drained": True})
+    # a later notice for a member that is drained already: on the timeline, no second drain
+    later = notice.model_copy(update={"scheduled_at": datetime.now(UTC)})
+    await rt.apply(w.allocation_event(allocation_id=a_worker, preemption=later))
+    assert [o.operation_id for o in await drains()] == [drain.operation_id]
+    entries = [e for e in await user.timeline(instance_id) if e.kind == "member.preemption_scheduled"]
+    assert "not drained: the member is stopped already" in entries[-1].message
+    assert (await user.instance(instance_id)).status == "running"
 
 
 async def test_deferred_operations_are_reoffered_when_a_member_is_reported(rt, world: World) -> None:

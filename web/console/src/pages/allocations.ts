@@ -31,6 +31,7 @@ export async function allocationList(main: HTMLElement, _p: string[], ctx: Conte
             badge(a.status),
             a.failure_reason ? h("span", { class: "reason" }, ` ${a.failure_reason}`) : null,
             a.status === "queued" ? h("span", { class: "reason" }, ` position ${a.queue_position ?? "—"}: ${reasonText(a.pending_reason)}`) : null,
+            a.pending_resize_gpus ? h("span", { class: "reason" }, ` resize to ${a.pending_resize_gpus} waits: ${reasonText(a.pending_resize_reason)}`) : null,
             a.preemption ? h("span", { class: "reason warning" }, ` preemption at ${when(a.preemption.deadline)}`) : null,
           ],
           `${a.gpu_count} × ${a.gpu_model}`,
@@ -216,6 +217,31 @@ function queueNotice(alloc: Obj): HTMLElement | null {
   );
 }
 
+/** A resize up that waits for GPUs while the allocation runs on (issue 29): the size asked, why, since when,
+ * and a button to cancel it (nothing was reserved for it). */
+function pendingResizeNotice(alloc: Obj, cancel: () => void): HTMLElement | null {
+  if (!alloc.pending_resize_gpus) return null;
+  return h(
+    "div",
+    { class: "queue-notice", id: "alloc-pending-resize", role: "status", "data-gpus": alloc.pending_resize_gpus, "data-reason": alloc.pending_resize_reason ?? "" },
+    h(
+      "p",
+      null,
+      h("strong", null, `Resize to ${alloc.pending_resize_gpus} GPUs waits in the ${alloc.gpu_model} queue`),
+      ". Why: ",
+      h("span", { id: "alloc-pending-resize-reason", "data-reason": alloc.pending_resize_reason ?? "" }, reasonText(alloc.pending_resize_reason)),
+      alloc.pending_resize_since ? [". Waiting since ", h("span", { id: "alloc-pending-resize-since" }, when(alloc.pending_resize_since))] : null,
+      ".",
+    ),
+    h(
+      "p",
+      { class: "muted" },
+      `It keeps running on its ${alloc.gpu_count} GPU${alloc.gpu_count === 1 ? "" : "s"} until the GPUs are granted. `,
+      h("button", { type: "button", id: "cancel-resize", class: "secondary", onclick: cancel }, "Cancel resize"),
+    ),
+  );
+}
+
 /** A preemption scheduled for this allocation: when it stops, why, and what happens to it then (issue 29). */
 function preemptionNotice(alloc: Obj): HTMLElement | null {
   const p = alloc.preemption;
@@ -277,6 +303,17 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
     }
   };
 
+  const cancelResize = async () => {
+    notice.textContent = "Cancel resize…";
+    try {
+      alloc = await del<Obj>(`${A}/allocations/${id}/resize`);
+      notice.textContent = "Cancel resize: done.";
+      paint();
+    } catch (ex) {
+      notice.textContent = `Cancel resize failed: ${describe(ex)}`;
+    }
+  };
+
   const paint = () => {
     clear(header, h("h1", null, alloc.name || "Allocation"), badge(alloc.status));
     const ep = alloc.ssh_endpoint;
@@ -286,6 +323,7 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
       alloc.failure_reason ? h("p", { class: "error", role: "alert" }, `Failure reason: ${alloc.failure_reason}`) : null,
       alloc.attention ? h("p", { class: "warning", role: "alert" }, `Attention: ${alloc.attention}`) : null,
       queueNotice(alloc),
+      pendingResizeNotice(alloc, () => void cancelResize()),
       preemptionNotice(alloc),
       h(
         "dl",
@@ -293,7 +331,13 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
         h("dt", null, "Status"),
         h("dd", { id: "alloc-status" }, alloc.status),
         h("dt", null, "GPUs"),
-        h("dd", { id: "alloc-gpus" }, `${alloc.gpu_count} × ${alloc.gpu_model} (${alloc.shape})`, alloc.target_gpu_count ? ` → ${alloc.target_gpu_count}` : ""),
+        h(
+          "dd",
+          { id: "alloc-gpus" },
+          `${alloc.gpu_count} × ${alloc.gpu_model} (${alloc.shape})`,
+          alloc.target_gpu_count ? ` → ${alloc.target_gpu_count}` : "",
+          alloc.pending_resize_gpus ? ` (→ ${alloc.pending_resize_gpus} waits)` : "",
+        ),
         alloc.status === "queued"
           ? [
               h("dt", null, "Queue position"),
@@ -575,8 +619,11 @@ export async function allocationDetail(main: HTMLElement, [id]: string[], ctx: C
   const poll = window.setInterval(async () => {
     try {
       const fresh = await get<Obj>(`${A}/allocations/${id}`);
-      // A queued request's position and reason change without a new version (they are not changes of it).
-      const moved = fresh.queue_position !== alloc.queue_position || fresh.pending_reason !== alloc.pending_reason;
+      // A queued request's position and reason (and a waiting resize's reason) change without a new version.
+      const moved =
+        fresh.queue_position !== alloc.queue_position ||
+        fresh.pending_reason !== alloc.pending_reason ||
+        fresh.pending_resize_reason !== alloc.pending_resize_reason;
       if (fresh.version !== alloc.version || moved || fresh.preemption?.deadline !== alloc.preemption?.deadline) {
         alloc = fresh;
         paint();

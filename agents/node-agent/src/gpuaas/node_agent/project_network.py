@@ -186,10 +186,10 @@ class ProjectNetworks:
             await _clear_cni_rules({iface})
 
     async def _iface_in_use(self, iface: str) -> bool:
-        for other in await self._names():
-            if ((await self._inspect(other)) or {}).get("network_interface") == iface:
-                return True
-        return False
+        """Whether a network has bridge `iface` now (podman reuses bridge names): one `network ls` that lists
+        every network whole, not an inspect per network (this runs for each network a churn removes)."""
+        _, out, _ = await self.podman.run("network", "ls", "--format", "json")
+        return any(n.get("network_interface") == iface for n in json_objects(out))
 
     async def _clear_state(self, name: str) -> None:
         """The CNI state podman keeps after `network rm`: address leases and the dnsname helper (its dnsmasq

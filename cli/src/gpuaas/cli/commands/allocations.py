@@ -1,7 +1,8 @@
 """`gpuaas alloc`: create (`--runtime` picks the runtime image; a create that cannot be placed waits `queued`
-unless `--no-queue`), list, show (runtime, driver, limits), runtimes, ssh, restart, resize, release (a queued one
-is cancelled), retry-release; `--wait` follows the allocation's timeline (a live table on a terminal; a queued
-allocation's position and reason) until the change settles. Every ALLOCATION argument is an id, a name or a
+unless `--no-queue`), list, show (runtime, driver, limits), runtimes, ssh, restart, resize (a resize up its host
+cannot give now waits, shown in list and show), resize-cancel, release (a queued one is cancelled), retry-release;
+`--wait` follows the allocation's timeline (a live table on a terminal; a queued allocation's position and reason)
+until the change settles. Every ALLOCATION argument is an id, a name or a
 unique id prefix (the short id the tables show)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +29,9 @@ from gpuaas.cli.refs import is_uuid, short_ids
 from gpuaas.sdk import Client
 from gpuaas.sdk.models import Allocation, AllocationStatus, AllocationTimelineEntry, RuntimeOption, SshHostKey
 
-app = typer.Typer(help="Allocations: create, list, show, ssh, restart, resize, release.", no_args_is_help=True)
+app = typer.Typer(
+    help="Allocations: create, list, show, ssh, restart, resize, resize-cancel, release.", no_args_is_help=True
+)
 
 Status = AllocationStatus
 SETTLED = {Status.active, Status.failed, Status.released, Status.release_failed}
@@ -101,7 +105,10 @@ def isolation_rows(a: Allocation) -> Table:
 
 
 def status_line(a: Allocation) -> str:
-    """The status, and for a queued allocation its place in its project's queue and why it waits."""
+    """The status, and for a queued allocation its place in its project's queue and why it waits (for a running
+    one, the resize up that waits)."""
+    if a.pending_resize_gpus is not None:
+        return f"{a.status} (resize to {a.pending_resize_gpus} GPUs waits: {a.pending_resize_reason or 'waiting'})"
     if a.status != Status.queued:
         return str(a.status)
     where = f"position {a.queue_position}" if a.queue_position else "position pending"
@@ -344,9 +351,25 @@ def restart(ctx: typer.Context, allocation: Ref, wait: Wait = False, timeout: Ti
 
 
 @app.command("resize")
-def resize(ctx: typer.Context, allocation: Ref, gpus: int, wait: Wait = False, timeout: Timeout = 300) -> None:
-    """Change the GPU count of a gpu_slice allocation."""
-    _change(ctx, allocation, wait, timeout, RUNNING_OR_FAILED, Client.resize_allocation, gpus)
+def resize(
+    ctx: typer.Context,
+    allocation: Ref,
+    gpus: int,
+    queue: Annotated[
+        bool, typer.Option("--queue/--no-queue", help="Wait for GPUs when the host has none free (else refused: 409)")
+    ] = True,
+    wait: Wait = False,
+    timeout: Timeout = 300,
+) -> None:
+    """Change the GPU count of a gpu_slice allocation. A resize up its host cannot give now waits (the allocation
+    runs on; `alloc show` says what it waits for) until granted or cancelled with `alloc resize-cancel`."""
+    _change(ctx, allocation, wait, timeout, RUNNING_OR_FAILED, partial(Client.resize_allocation, queue=queue), gpus)
+
+
+@app.command("resize-cancel")
+def resize_cancel(ctx: typer.Context, allocation: Ref) -> None:
+    """Cancel a resize that waits for GPUs (nothing was reserved for it); the allocation keeps its GPUs."""
+    _change(ctx, allocation, False, 0, RUNNING_OR_FAILED, Client.cancel_resize)
 
 
 @app.command("release")

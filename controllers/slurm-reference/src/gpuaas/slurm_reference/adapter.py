@@ -1,7 +1,9 @@
 """The Slurm reference adapter: member operations → real Slurm daemons on the member allocations.
 
-Roles (the manifest's `roles`): the first is the controller (munged, MariaDB, slurmdbd, slurmctld),
-the second a worker (munged, slurmd). A worker may share the controller's allocation.
+Roles (the manifest's `roles`, `ROLES`): the first is the controller (munged, MariaDB, slurmdbd, slurmctld),
+the second a worker (munged, slurmd), declared to come `after` the controller: the platform hands out a
+worker's add once the controller is up, and on decommission removes the workers before the controller. A
+worker may share the controller's allocation.
 
 Every handler is idempotent: it reads what is already there (cluster.json on the controller
 allocation, pid files and the munge key on each allocation) before it creates anything, so an
@@ -40,6 +42,13 @@ from gpuaas.slurm_reference.remote import NodeError, Runner, SshRunner
 
 log = logging.getLogger("gpuaas.slurm_reference")
 CONTROLLER_KEYS = frozenset({"controller", "slurmctld"})
+# The manifest roles this adapter expects (the catalog's slurm-reference manifest declares them): slurmd workers
+# come up after the slurmctld controller and are taken away before it, so the platform hands out operations in
+# that order and no handler waits for the controller.
+ROLES = (
+    {"key": "controller", "display_name": "Controller", "description": "slurmctld"},
+    {"key": "worker", "display_name": "Worker", "description": "slurmd", "after": ["controller"]},
+)
 LIVE_INSTANCE = frozenset({"starting", "running", "degraded"})
 READY_STATES = ("idle", "mixed", "allocated", "completing")
 
@@ -281,23 +290,20 @@ class SlurmReference(Controller):
         c.versions.update({k: v for k, v in versions.items() if v})
         return c
 
-    async def _controller(self, ctx: OperationContext, wait_s: float = 60) -> tuple[Member, Runner, Cluster]:
-        """The live controller member, a runner on its allocation and the cluster (waits while it comes up)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            members = await ctx.client.controller_members(ctx.operation.instance_id)
-            ctl = self._controller_member(members)
-            if ctl is not None and ctl.status in ("active", "starting", "draining", "stopped"):
-                runner = await self._runner(ctx, ctl.allocation_id)
-                cluster, _ = await self._load(runner, cluster_id(ctx.operation.instance_id))
-                if cluster is not None and ctl.status == "active":
-                    return ctl, runner, cluster
-            if loop.time() > deadline:
-                state = "no controller member" if ctl is None else f"controller member {ctl.status}"
-                raise OperationFailed(f"the worker cannot join: {state} (slurmctld is not up)")
-            await ctx.progress("waiting for the Slurm controller", 10)
-            await asyncio.sleep(2)
+    async def _controller(self, ctx: OperationContext) -> tuple[Member, Runner, Cluster] | str:
+        """The active controller member, a runner on its allocation and the cluster; else why there is none.
+        Nothing waits here for the controller to come up: the manifest's role order (`worker` after
+        `controller`, `ROLES`) has the platform hand out a worker's add only once no controller member is
+        still coming up."""
+        members = await ctx.client.controller_members(ctx.operation.instance_id)
+        ctl = self._controller_member(members)
+        if ctl is None or ctl.status != "active":
+            return "no controller member" if ctl is None else f"the controller member is {ctl.status}"
+        runner = await self._runner(ctx, ctl.allocation_id)
+        cluster, _ = await self._load(runner, cluster_id(ctx.operation.instance_id))
+        if cluster is None:
+            return "the controller allocation has no cluster.json"
+        return ctl, runner, cluster
 
     @on("add")  # any other role is a worker
     async def _add_worker(self, ctx: OperationContext) -> dict[str, Any]:
@@ -309,7 +315,10 @@ class SlurmReference(Controller):
         cid = cluster_id(op.instance_id)
         await ctx.progress(f"checking the host can run Slurm ({name})", 5)
         pre = await self._node(worker, cid, "precheck")
-        _, ctl_runner, cluster = await self._controller(ctx)
+        found = await self._controller(ctx)
+        if isinstance(found, str):  # failed, or being replaced: offered again once the instance changes
+            ctx.defer(f"slurmctld is not up: {found}")
+        _, ctl_runner, cluster = found
         stale = [
             n
             for n in cluster.nodes.values()
@@ -393,7 +402,10 @@ class SlurmReference(Controller):
         if self._is_controller(op.component_key):
             raise OperationFailed("the controller cannot be drained; drain its workers or decommission")
         assert op.member_id is not None
-        _, ctl_runner, _ = await self._controller(ctx, wait_s=5)
+        found = await self._controller(ctx)
+        if isinstance(found, str):  # a remove's drain-first records this and removes the node anyway
+            raise OperationFailed(f"the node cannot be drained: {found} (slurmctld is not up)")
+        _, ctl_runner, _ = found
         name = node_name(op.member_id)
         out = await self._node(
             ctl_runner, cluster_id(op.instance_id), "drain_node", NODE=name, REASON=f"gpuaas drain {op.operation_id}"

@@ -5,15 +5,22 @@ default pool would both give their first project 10.208.0.0/24 and VNI 0x100000,
 refused ("subnet already used on the host"). A stack therefore claims one of 16 slots with an exclusive
 `flock` held while it runs (released by stop, or by the kernel when its process dies), and hands allocations
 that slot's /16 and VNI range. The root remembers its slot: a restarted stack takes the same one when free, so
-its projects' existing segments keep their subnets."""
+its projects' existing segments keep their subnets. Any other slot is skipped while a subnet of this machine
+overlaps it (a podman network or an interface address): a stack killed without its stop leaves its agents'
+project networks, with their containers, holding the slot's first subnets."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
+import json
 import os
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SLOTS = 16
 POOL = ipaddress.IPv4Network("10.208.0.0/12")  # the service's default pool, cut into 16 /16s
@@ -41,7 +48,10 @@ class OverlaySlot:
         except (OSError, ValueError):
             previous = None
         order = [previous] if previous is not None and 0 <= previous < SLOTS else []
+        in_use = subnets_in_use()
         for slot in [*order, *(s for s in range(SLOTS) if s != previous)]:
+            if slot != previous and any(n.overlaps(slot_network(slot)) for n in in_use):
+                continue
             fd = os.open(LOCK_DIR / f"slot-{slot}", os.O_RDWR | os.O_CREAT, 0o666)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -52,7 +62,10 @@ class OverlaySlot:
             self.remembered.parent.mkdir(parents=True, exist_ok=True)
             self.remembered.write_text(str(slot))
             return slot
-        raise NoFreeSlot(f"{SLOTS} stacks already run on this machine (locks in {LOCK_DIR})")
+        raise NoFreeSlot(
+            f"no free slot of {SLOTS}: stacks run on this machine (locks in {LOCK_DIR}) or its networks use the "
+            f"slots' subnets ({', '.join(str(n) for n in in_use if n.overlaps(POOL))})"
+        )
 
     def release(self) -> None:
         if self._fd is not None:
@@ -62,8 +75,37 @@ class OverlaySlot:
     def env(self) -> dict[str, str]:
         """The allocations service's settings for the claimed slot."""
         slot = self.claim()
-        network = ipaddress.IPv4Network((int(POOL.network_address) + (slot << 16), 16))
         return {
-            "GPUAAS_ALLOCATIONS_OVERLAY_POOL": str(network),
+            "GPUAAS_ALLOCATIONS_OVERLAY_POOL": str(slot_network(slot)),
             "GPUAAS_ALLOCATIONS_OVERLAY_VNI_BASE": str(VNI_BASE + (slot << 8)),
         }
+
+
+def slot_network(slot: int) -> ipaddress.IPv4Network:
+    return ipaddress.IPv4Network((int(POOL.network_address) + (slot << 16), 16))
+
+
+def subnets_in_use() -> list[ipaddress.IPv4Network]:
+    """The IPv4 subnets of this machine's podman networks and interface addresses."""
+    found: list[ipaddress.IPv4Network] = []
+    for net in _json(["podman", "network", "ls", "--format", "json"]):
+        for sub in net.get("subnets") or []:
+            with contextlib.suppress(ValueError, TypeError):
+                found.append(ipaddress.IPv4Network(sub.get("subnet"), strict=False))
+    for link in _json(["ip", "-j", "-4", "addr"]):
+        for addr in link.get("addr_info") or []:
+            with contextlib.suppress(ValueError, TypeError):
+                found.append(ipaddress.IPv4Interface(f"{addr.get('local')}/{addr.get('prefixlen')}").network)
+    return found
+
+
+def _json(command: list[str]) -> list[dict[str, Any]]:
+    """A command's JSON list of objects; [] when the tool is missing or fails (nothing known to be in use)."""
+    if shutil.which(command[0]) is None:
+        return []
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+        data = json.loads(out or "[]")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+    return [x for x in data if isinstance(x, dict)] if isinstance(data, list) else []

@@ -160,9 +160,20 @@ class AllocationsApi(Transport):
         return await self._allocation_action(allocation_id, "restart", {}, idempotency_key)
 
     async def resize_allocation(
-        self, allocation_id: Id, gpu_count: int, *, idempotency_key: str | None = None
+        self, allocation_id: Id, gpu_count: int, *, queue: bool = True, idempotency_key: str | None = None
     ) -> Allocation:
-        return await self._allocation_action(allocation_id, "resize", {"gpu_count": gpu_count}, idempotency_key)
+        """A resize up its host cannot give now waits (`pending_resize_gpus`) unless `queue=False` (then 409)."""
+        body: dict[str, Any] = {"gpu_count": gpu_count}
+        if not queue:  # sent only when chosen: the body older platforms accept
+            body["queue"] = False
+        return await self._allocation_action(allocation_id, "resize", body, idempotency_key)
+
+    async def cancel_resize(self, allocation_id: Id, *, idempotency_key: str | None = None) -> Allocation:
+        """Cancel a resize that waits for GPUs (409 `no_pending_resize` when none waits)."""
+        data = await self.request(
+            "DELETE", f"{ALLOCATIONS}/allocations/{allocation_id}/resize", idempotency_key=idempotency_key
+        )
+        return Allocation.model_validate(data)
 
     async def release_allocation(self, allocation_id: Id, *, idempotency_key: str | None = None) -> Allocation:
         return await self._allocation_action(allocation_id, "release", {}, idempotency_key)

@@ -230,7 +230,10 @@ class Allocation(_Model):
     max_wait_s: int | None = None
     preemption: PreemptionNotice | None = None
     requeued_from: uuid.UUID | None = None
+    pending_resize_gpus: int | None = None
+    pending_resize_reason: PendingReason | None = None
     estimated_start_at: datetime | None = None
+    pending_resize_since: datetime | None = None
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str
     awaiting_release_clearance: bool = False

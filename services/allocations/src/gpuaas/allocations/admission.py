@@ -70,6 +70,9 @@ class Waiting:
     host_class: str | None
     priority: int
     enqueued_at: float
+    # A resize up of a running allocation: its extra GPUs (`count`) can only come from this host (gang rule:
+    # one allocation's GPUs are on one host). Never preempts for (victims are chosen per host elsewhere).
+    host_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -534,7 +537,11 @@ class _Planner:
             keep += self.reserved_total - t.reserved()
         if q.held + n > q.guarantee:
             keep += self.reserved_in[p.tenant] - q.reserved()
-        if w.shape is not CapacityShape.baremetal:
+        if w.host_id is not None:  # a resize: its own host or nothing
+            pinned = self.cap.hosts.get(w.host_id)
+            fits = pinned is not None and self.cap.free_of[w.host_id] >= n and self.cap.free_total - n >= keep
+            host = pinned if fits else None
+        elif w.shape is not CapacityShape.baremetal:
             host = self.cap.best(w.shape, n, w.host_class) if self.cap.free_total - n >= keep else None
         elif host is not None and self.cap.free_total - n < keep:
             host = None
@@ -563,7 +570,7 @@ class _Planner:
 
     def plan_preemption(self, w: Waiting, p: _Project) -> bool:
         """Free enough GPUs on ONE host for `w` by preempting allocations over their queue's guarantee."""
-        if not self.config.preemption or self.victims_left.get(w.allocation_id):
+        if not self.config.preemption or w.host_id is not None or self.victims_left.get(w.allocation_id):
             return False  # its victims are still stopping
         t, q, n = self.tenants[p.tenant], p.queue, self.asked(w)
         by_tenant = t.guarantee > 0 and t.held + t.promised + n <= t.guarantee

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations.models import allocations, gpu_assignments, hosts
-from gpuaas.allocations.queue_usage import configured_usage
+from gpuaas.allocations.queue_usage import configured_usage, waiting_by_reason
 from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events.allocations import HostStatus
 from gpuaas.kit.metrics import SLOW_BUCKETS, after_commit, metrics_of
@@ -53,7 +53,8 @@ class AllocationsMetrics:
         # The capacity queue (issue 29), per pool (GPU model).
         self.waiting = Gauge(
             "gpuaas_capacity_waiting_requests",
-            "Allocations queued for capacity, by GPU model (pool) and pending reason",
+            "Requests waiting for capacity (queued allocations and resizes up that wait), by GPU model (pool) and "
+            "pending reason",
             ["gpu_model", "reason"],
             registry=registry,
         )
@@ -92,7 +93,7 @@ class AllocationsMetrics:
         )
         self.queue_waiting = Gauge(
             "gpuaas_capacity_queue_waiting_requests",
-            "Allocations of a capacity queue queued for capacity",
+            "Requests of a capacity queue waiting for capacity (queued allocations and resizes up that wait)",
             queue_labels,
             registry=registry,
         )
@@ -125,13 +126,7 @@ class AllocationsMetrics:
         by_status = dict(
             (await session.execute(select(allocations.c.status, func.count()).group_by(allocations.c.status))).all()
         )
-        queued = (
-            await session.execute(
-                select(allocations.c.gpu_model, allocations.c.pending_reason, func.count())
-                .where(allocations.c.status == AllocationStatus.queued)
-                .group_by(allocations.c.gpu_model, allocations.c.pending_reason)
-            )
-        ).all()
+        queued = await waiting_by_reason(session)
         queues = await configured_usage(session)
         gpus: dict[tuple[str, str], int] = {}
         host_counts: dict[tuple[str, str], int] = {}
@@ -157,7 +152,7 @@ class AllocationsMetrics:
             self.allocations.labels(status.value).set(by_status.get(status.value, 0))
         self.waiting.clear()
         for model, reason, n in queued:
-            self.waiting.labels(model, reason or "unknown").set(n)
+            self.waiting.labels(model, reason).set(n)
         for gauge in (self.queue_guarantee, self.queue_held, self.queue_waiting, self.queue_below_guarantee):
             gauge.clear()
         for u in queues:

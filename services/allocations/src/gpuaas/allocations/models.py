@@ -165,6 +165,11 @@ allocations = Table(
     # A waiting request's estimated start, where one can be computed: GPUs are being freed for it by
     # preemption (its victims' latest deadline plus their stop timeout). Shown only while it is queued.
     Column("estimated_start_at", DateTime(timezone=True)),
+    # A resize up that waits for GPUs on its own host (issue 29): the size asked, why it waits, since when. The
+    # allocation keeps running with its current GPUs meanwhile; admission grants it (-> resizing).
+    Column("pending_resize_gpus", Integer),
+    Column("pending_resize_reason", Text),
+    Column("pending_resize_since", DateTime(timezone=True)),
     # The list endpoints: newest first, per project or across the principal's projects.
     Index("ix_allocations_project_requested", "project_id", text("requested_at DESC"), text("allocation_id DESC")),
     Index("ix_allocations_requested", text("requested_at DESC"), text("allocation_id DESC")),
@@ -172,6 +177,7 @@ allocations = Table(
     Index("ix_allocations_queued", "gpu_model", "enqueued_at", postgresql_where=text("status = 'queued'")),
     Index("ix_allocations_preempt_deadline", "preempt_deadline", postgresql_where=text("preempt_deadline IS NOT NULL")),
     Index("ix_allocations_preempted_for", "preempted_for", postgresql_where=text("preempted_for IS NOT NULL")),
+    Index("ix_allocations_pending_resize", "gpu_model", postgresql_where=text("pending_resize_gpus IS NOT NULL")),
 )
 
 gpu_assignments = Table(

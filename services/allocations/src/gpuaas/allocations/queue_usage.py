@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Literal, NamedTuple
 
-from sqlalchemy import and_, case, func, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import domain
@@ -17,6 +17,13 @@ from gpuaas.contracts.enums import AllocationStatus
 COUNTED = [*domain.HOLDS_CAPACITY, AllocationStatus.queued]
 # The GPUs an allocation holds or asks for: a resize up in flight counts at its target.
 GPUS = func.greatest(allocations.c.gpu_count, func.coalesce(allocations.c.target_gpu_count, 0))
+# Waiting demand: queued requests, and resizes up that wait on a running allocation (it holds `GPUS` meanwhile).
+QUEUED = allocations.c.status == AllocationStatus.queued
+RESIZE_WAITS = allocations.c.pending_resize_gpus.is_not(None)
+WAITS = or_(QUEUED, RESIZE_WAITS)
+# Why a waiting one waits, and the GPUs it waits for (a waiting resize: only its extra GPUs).
+WAIT_REASON = case((QUEUED, allocations.c.pending_reason), else_=allocations.c.pending_resize_reason).label("reason")
+WAIT_GPUS = case((QUEUED, GPUS), else_=allocations.c.pending_resize_gpus - allocations.c.gpu_count)
 
 
 class QueueUsage(NamedTuple):
@@ -30,15 +37,15 @@ class QueueUsage(NamedTuple):
 
 async def configured_usage(session: AsyncSession) -> list[QueueUsage]:
     """Every queue with settings (all pools): its guarantee, the GPUs it holds and its waiting requests, counted
-    as `_views` counts them, in one grouped query (the metrics scrape: bounded by the settings rows)."""
-    queued = allocations.c.status == AllocationStatus.queued
+    as `_views` counts them (a waiting resize is a waiting request), in one grouped query (the metrics scrape:
+    bounded by the settings rows)."""
     usage = (
         select(
             allocations.c.gpu_model,
             allocations.c.tenant_id,
             allocations.c.project_id,
-            func.coalesce(func.sum(GPUS).filter(~queued), 0).label("held"),
-            func.count().filter(queued).label("waiting"),
+            func.coalesce(func.sum(GPUS).filter(~QUEUED), 0).label("held"),
+            func.count().filter(WAITS).label("waiting"),
         )
         .where(allocations.c.status.in_(COUNTED))
         .group_by(allocations.c.gpu_model, allocations.c.tenant_id, allocations.c.project_id)
@@ -62,3 +69,13 @@ async def configured_usage(session: AsyncSession) -> list[QueueUsage]:
         QueueUsage(scope, scope_id, model, g, int(held), int(waiting))
         for scope, scope_id, model, g, held, waiting in rows
     ]
+
+
+async def waiting_by_reason(session: AsyncSession) -> list[tuple[str, str, int]]:
+    """(GPU model, reason, count) of the waiting requests of every pool: queued ones and waiting resizes."""
+    rows = await session.execute(
+        select(allocations.c.gpu_model, WAIT_REASON, func.count())
+        .where(allocations.c.status.in_(COUNTED), WAITS)
+        .group_by(allocations.c.gpu_model, WAIT_REASON)
+    )
+    return [(model, reason or "unknown", int(n)) for model, reason, n in rows]

@@ -51,6 +51,9 @@ class Allocation(AllocationState):
         description="while queued, when it should start where that can be computed: GPUs are being freed for it by "
         "preemption (the latest of its victims' deadlines plus their stop timeout); null when unknown",
     )
+    pending_resize_since: datetime | None = Field(
+        default=None, description="since when the pending resize (`pending_resize_gpus`) waits; null when none waits"
+    )
     volumes: list[VolumeRef] = Field(default_factory=list)
     after_release: str = Field(description="what persists after this allocation is released")
     awaiting_release_clearance: bool = False

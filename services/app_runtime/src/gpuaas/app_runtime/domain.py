@@ -254,6 +254,21 @@ def derive_instance_status(current: str, member_statuses: Sequence[str]) -> Inst
     return InstanceStatus.degraded if status in (InstanceStatus.running, InstanceStatus.degraded) else status
 
 
+def preemption_drain_skip(instance_status: str, member_status: str, open_kinds: Iterable[str]) -> str | None:
+    """Why a member on an allocation about to be preempted gets no drain for the notice (None: drain it).
+
+    Only a live instance's members are drained (a stopping or decommissioning instance takes them away
+    already), and only a member that is not leaving yet with no operation open on it: one in flight (its add,
+    a drain, a remove) is not doubled, and the allocation's release at the deadline removes the member anyway."""
+    if instance_status not in LIVE_INSTANCE:
+        return f"the instance is {instance_status}"
+    if member_status in LEAVING_BY_PLAN or member_status in MEMBER_GONE:
+        return f"the member is {member_status} already"
+    if kinds := sorted(set(open_kinds)):
+        return f"its {', '.join(kinds)} operation is still open"
+    return None
+
+
 # Role ordering (a manifest role's `after`): what brings a member up, what takes one away.
 BRINGS_UP = frozenset({OperationKind.add, OperationKind.replace, OperationKind.recover})
 TAKES_AWAY = frozenset({OperationKind.remove, OperationKind.drain})

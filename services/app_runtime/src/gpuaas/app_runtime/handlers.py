@@ -1,4 +1,5 @@
-"""App-runtime's consumers: projections of allocations and catalog, and the release saga.
+"""App-runtime's consumers: projections of allocations and catalog, the release saga, and preemption notices
+(drains of the members on a preempted allocation).
 
 Handlers run in the consumer's transaction with the inbox row; they never call out on the network.
 Projections apply an event only if it is newer than what they hold (the entity's own counter), so a
@@ -60,6 +61,12 @@ async def allocation_changed(session: AsyncSession, event: Any) -> None:
     )
     if applied and event.type == allocations_events.AllocationReleaseRequested.event_type():
         await service.allocation_release_requested(session, state.allocation_id, state.tenant_id, state.project_id)
+    if (
+        applied
+        and event.type == allocations_events.AllocationPreemptionScheduled.event_type()
+        and state.preemption is not None
+    ):  # the members on it are drained before the deadline
+        await service.allocation_preemption_scheduled(session, state.allocation_id, state.preemption)
     if applied and state.workload is not None:  # a launchable instance follows its allocation
         await launch.allocation_changed(session, state, event.actor)
 

@@ -62,7 +62,8 @@ SEED_APPS: list[dict[str, Any]] = [
             },
             "roles": [
                 {"key": "controller", "display_name": "Controller", "description": "slurmctld"},
-                {"key": "worker", "display_name": "Worker", "description": "slurmd"},
+                # slurmd workers join slurmctld: brought up after it, taken away before it (the runtime's order)
+                {"key": "worker", "display_name": "Worker", "description": "slurmd", "after": ["controller"]},
             ],
         },
     },

@@ -1,5 +1,4 @@
-from gpuaas.kit.cli import main
-from gpuaas.metering.app import SPEC
+from gpuaas.kit.cli import run
 
 if __name__ == "__main__":
-    main(SPEC)
+    run("gpuaas.metering")

@@ -186,7 +186,17 @@ class AllocationState(Payload):
         default=None, description="set from the preemption notice until the stop (issue 29)"
     )
     requeued_from: uuid.UUID | None = Field(
-        default=None, description="the preempted allocation this queued request re-runs (on_preemption=requeue)"
+        default=None,
+        description="the allocation this request re-runs: a preempted one (on_preemption=requeue) or one restarted "
+        "after its host was lost (unreachable or decommissioned)",
+    )
+    pending_resize_gpus: int | None = Field(
+        default=None,
+        ge=1,
+        description="a resize up that waits for GPUs on its host (the size asked); it keeps its current GPUs meanwhile",
+    )
+    pending_resize_reason: PendingReason | None = Field(
+        default=None, description="why the pending resize waits (`no_capacity` on its host, `over_limit`, ...)"
     )
 
 
@@ -415,6 +425,22 @@ class AllocationPreemptionCancelled(Event):
     data: AllocationState
 
 
+class AllocationResizeQueued(Event):
+    """A resize up cannot be granted on its host now: it waits (`pending_resize_gpus`,
+    `pending_resize_reason`) while the allocation runs on with its current GPUs; admission grants it with
+    `allocation.resizing`."""
+
+    type: Literal["allocation.resize_queued"] = "allocation.resize_queued"
+    data: AllocationState
+
+
+class AllocationResizeCancelled(Event):
+    """A waiting resize was cancelled (by its owner, or by the allocation's release); nothing changed on the host."""
+
+    type: Literal["allocation.resize_cancelled"] = "allocation.resize_cancelled"
+    data: AllocationState
+
+
 class CapacityQueueUpdated(Event):
     """A capacity queue's settings were set or changed (audited with the change)."""
 
@@ -486,6 +512,8 @@ EVENTS: tuple[type[Event], ...] = (
     AllocationQueued,
     AllocationPreemptionScheduled,
     AllocationPreemptionCancelled,
+    AllocationResizeQueued,
+    AllocationResizeCancelled,
     CapacityQueueUpdated,
     SshGrantCreated,
     SshGrantRevoked,

@@ -20,7 +20,10 @@ an allocation is the same work). No handler: the operation fails, saying so.
 
 Drain: a `remove` first runs the role's `drain` handler (when the controller has one and the member was not
 drained already), bounded by the operation's `params.drain_deadline_s` or `drain_deadline_s`; a drain that
-fails or runs out of time is recorded in the remove's result (`drain`) and the member is removed anyway.
+fails or runs out of time is recorded in the remove's result (`drain`) and the member is removed anyway. A
+`drain` operation of its own (`gpuaas apps drain`, or the platform's when the member's allocation is to be
+preempted: `params.reason == "preemption"`, `params.deadline_at` the preemption's deadline) runs the handler
+within its deadline and fails past it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ Operations:
   back-off) while the lease is kept, at most `max_temporary_retries` times; `Defer` (`ctx.defer()`) gives it
   back without counting as an attempt, to be offered again when the instance changes; any other exception
   fails it with the exception text, so one bad operation never stops the loop.
-- A `remove` runs the role's `drain` handler first, if any, within a deadline (handlers.py).
+- A `remove` runs the role's `drain` handler first, if any, within a deadline (handlers.py); a `drain` runs within
+  its own (`params.deadline_at`, a time, e.g. a preemption's; else `drain_deadline_s` or `deadline_s`).
 
 Reconcile (instead of every idle poll): the desired instances are listed every `watch_every_s`; a new
 instance or a new `version` of one queues it at once, a finished operation queues its instance, and each
@@ -30,6 +31,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import httpx
@@ -43,6 +45,17 @@ from gpuaas.sdk.controller.queue import Backoff, WorkQueue
 from gpuaas.sdk.models import Claim, Instance, Operation
 
 log = logging.getLogger("gpuaas.sdk.controller")
+
+
+def drain_deadline_s(params: dict[str, Any]) -> float | None:
+    """How long a drain may run: until `deadline_at` (a time: a preemption's drain must end before the
+    allocation is stopped, however long the operation waited to be claimed), else `drain_deadline_s` or
+    `deadline_s` seconds; None when the operation names none."""
+    if at := params.get("deadline_at"):
+        return max((datetime.fromisoformat(str(at)) - datetime.now(UTC)).total_seconds(), 0.0)
+    return float(params.get("drain_deadline_s") or params.get("deadline_s") or 0) or None
+
+
 LIVE = frozenset({"created", "starting", "running", "degraded", "stopping", "stopped", "failed"})
 
 
@@ -314,7 +327,7 @@ class ReconcileLoop:
         handler = self.controller.handler_for(kind, op.component_key)
         if handler is None:
             raise PermanentError(f"this controller has no {op.kind} handler for role {op.component_key!r}")
-        deadline = float(op.params.get("drain_deadline_s") or op.params.get("deadline_s") or 0) or None
+        deadline = drain_deadline_s(op.params)
         if kind == "drain" and deadline is not None:
             try:
                 async with asyncio.timeout(deadline):

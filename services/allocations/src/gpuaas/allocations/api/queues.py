@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from gpuaas.allocations import service
 from gpuaas.allocations.api.schemas import CapacityQueue, QueueBody
@@ -16,6 +16,7 @@ from gpuaas.allocations.service.queue_history import QueueHistory, queue_history
 from gpuaas.kit.app import Kit
 from gpuaas.kit.auth import CurrentPrincipal
 from gpuaas.kit.iam import action_doc
+from gpuaas.kit.versioning import ExpectedVersion, set_etag
 
 router = APIRouter(tags=["queues"])
 
@@ -28,6 +29,10 @@ Until = Annotated[datetime | None, Query(description="the window's end (with a t
 Points = Annotated[
     int, Query(ge=2, le=500, description="instants in the series, evenly spaced (the last one is `until`)")
 ]
+IF_MATCH = (
+    "With If-Match (the ETag of a GET or PUT), 412 `version_mismatch` when the queue changed since; a queue "
+    "without settings has no ETag, so only a PUT without If-Match creates it."
+)
 HISTORY = (
     "Each queue's share of its pool over a window: the GPUs it held at `points` instants from `since` to `until`, "
     "with the peak and the time-weighted mean of the interval ending at each instant (reconstructed from placement, "
@@ -41,13 +46,23 @@ HISTORY = (
     response_model=CapacityQueue,
     openapi_extra=action_doc("allocations.queue.operate"),
     description="Set a tenant's queue of a pool (operators). 422 when the guarantee is above the limit, a "
-    "figure is negative, the model is offered by no host, or the tenant's projects are guaranteed more than this.",
+    "figure is negative, the model is offered by no host, or the tenant's projects are guaranteed more than this. "
+    f"{IF_MATCH}",
 )
 async def put_tenant_queue(
-    kit: Kit, tenant_id: uuid.UUID, body: QueueBody, principal: CurrentPrincipal, gpu_model: str = GpuModel
+    kit: Kit,
+    tenant_id: uuid.UUID,
+    body: QueueBody,
+    principal: CurrentPrincipal,
+    response: Response,
+    expected: ExpectedVersion,
+    gpu_model: str = GpuModel,
 ) -> CapacityQueue:
     async with kit.sessions() as session, session.begin():
-        return await service.put_tenant_queue(session, principal, tenant_id, gpu_model, body.figures())
+        queue = await service.put_tenant_queue(
+            session, principal, tenant_id, gpu_model, body.figures(), expected_version=expected
+        )
+    return _versioned(response, queue)
 
 
 @router.get(
@@ -56,10 +71,10 @@ async def put_tenant_queue(
     openapi_extra=action_doc("allocations.queue.manage"),
 )
 async def get_tenant_queue(
-    kit: Kit, tenant_id: uuid.UUID, principal: CurrentPrincipal, gpu_model: str = GpuModel
+    kit: Kit, tenant_id: uuid.UUID, principal: CurrentPrincipal, response: Response, gpu_model: str = GpuModel
 ) -> CapacityQueue:
     async with kit.sessions() as session:
-        return await service.get_tenant_queue(session, principal, tenant_id, gpu_model)
+        return _versioned(response, await service.get_tenant_queue(session, principal, tenant_id, gpu_model))
 
 
 @router.put(
@@ -67,13 +82,22 @@ async def get_tenant_queue(
     response_model=CapacityQueue,
     openapi_extra=action_doc("allocations.queue.manage"),
     description="Set a project's queue of a pool inside its tenant's share (tenant admins): the projects' "
-    "guarantees may not sum above the tenant's, nor a project's limit exceed the tenant's (422).",
+    f"guarantees may not sum above the tenant's, nor a project's limit exceed the tenant's (422). {IF_MATCH}",
 )
 async def put_project_queue(
-    kit: Kit, project_id: uuid.UUID, body: QueueBody, principal: CurrentPrincipal, gpu_model: str = GpuModel
+    kit: Kit,
+    project_id: uuid.UUID,
+    body: QueueBody,
+    principal: CurrentPrincipal,
+    response: Response,
+    expected: ExpectedVersion,
+    gpu_model: str = GpuModel,
 ) -> CapacityQueue:
     async with kit.sessions() as session, session.begin():
-        return await service.put_project_queue(session, principal, project_id, gpu_model, body.figures())
+        queue = await service.put_project_queue(
+            session, principal, project_id, gpu_model, body.figures(), expected_version=expected
+        )
+    return _versioned(response, queue)
 
 
 @router.get(
@@ -82,10 +106,10 @@ async def put_project_queue(
     openapi_extra=action_doc("allocations.read"),
 )
 async def get_project_queue(
-    kit: Kit, project_id: uuid.UUID, principal: CurrentPrincipal, gpu_model: str = GpuModel
+    kit: Kit, project_id: uuid.UUID, principal: CurrentPrincipal, response: Response, gpu_model: str = GpuModel
 ) -> CapacityQueue:
     async with kit.sessions() as session:
-        return await service.get_project_queue(session, principal, project_id, gpu_model)
+        return _versioned(response, await service.get_project_queue(session, principal, project_id, gpu_model))
 
 
 @router.get("/queues", response_model=list[CapacityQueue], openapi_extra=action_doc("allocations.queue.operate"))
@@ -151,3 +175,10 @@ async def get_tenant_queue_history(
         return await queue_history(
             session, principal, tenant_id=tenant_id, gpu_model=gpu_model, since=since, until=until, points=points
         )
+
+
+def _versioned(response: Response, queue: CapacityQueue) -> CapacityQueue:
+    """The queue's version as its ETag (none while it has no settings: version 0 cannot be matched)."""
+    if queue.version:
+        set_etag(response, queue.version)
+    return queue

@@ -182,6 +182,11 @@ class AllocationCreate(BaseModel):
 
 class ResizeBody(BaseModel):
     gpu_count: Integer = Field(ge=1, le=64)
+    queue: bool = Field(
+        True,
+        description="a resize up its host cannot give now waits (`pending_resize_gpus`) while the allocation runs "
+        "on; false: answer 409 insufficient_gpus_on_host / quota_exceeded / queue_limit_exceeded at once",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- SSH keys

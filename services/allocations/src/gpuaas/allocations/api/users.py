@@ -154,7 +154,9 @@ async def get_allocation(
     "/allocations/{allocation_id}/restart",
     "allocations.update",
     "Restart in place (asynchronous): same id, host, endpoint, keys "
-    "and volumes; running sessions and processes are interrupted.",
+    "and volumes; running sessions and processes are interrupted. When its host is lost (unreachable or "
+    "decommissioned) it is released and re-run elsewhere: the answer is the NEW allocation (`requeued_from` names "
+    "this one, its volumes move to it), `provisioning` on another host or `queued` until one fits.",
 )
 async def restart(
     kit: Kit, response: Response, allocation_id: uuid.UUID, principal: CurrentPrincipal, expected: ExpectedVersion
@@ -167,7 +169,11 @@ async def restart(
 
 
 @_allocation_change(
-    "/allocations/{allocation_id}/resize", "allocations.update", "Resize a gpu_slice on its host (asynchronous)."
+    "/allocations/{allocation_id}/resize",
+    "allocations.update",
+    "Resize a gpu_slice on its host (asynchronous). A resize up its host cannot give now (or past its project's "
+    "quota or queue limit) waits: the allocation runs on and shows `pending_resize_gpus` / `pending_resize_reason` "
+    "until admission grants it (`resizing`); `queue: false` answers 409 instead. 409 `resize_pending` while one waits.",
 )
 async def resize(
     kit: Kit,
@@ -181,8 +187,26 @@ async def resize(
         kit,
         response,
         lambda session: service.resize_allocation(
-            session, principal, allocation_id, body.gpu_count, expected_version=expected
+            session, principal, allocation_id, body.gpu_count, queue=body.queue, expected_version=expected
         ),
+    )
+
+
+@router.delete(
+    "/allocations/{allocation_id}/resize",
+    response_model=Allocation,
+    tags=["allocations"],
+    openapi_extra=action_doc("allocations.update"),
+    description="Cancel a resize that waits for GPUs (nothing was reserved for it); 409 `no_pending_resize` when "
+    "none waits.",
+)
+async def cancel_resize(
+    kit: Kit, response: Response, allocation_id: uuid.UUID, principal: CurrentPrincipal, expected: ExpectedVersion
+) -> Allocation:
+    return await commit_change(
+        kit,
+        response,
+        lambda session: service.cancel_pending_resize(session, principal, allocation_id, expected_version=expected),
     )
 
 

@@ -74,7 +74,6 @@ from gpuaas.allocations.service.lifecycle import (
     overdue_clearances,
     record_app_member,
     release_allocation,
-    resize_allocation,
     restart_allocation,
 )
 from gpuaas.allocations.service.queues import (
@@ -86,6 +85,7 @@ from gpuaas.allocations.service.queues import (
     put_tenant_queue,
 )
 from gpuaas.allocations.service.quotas import get_quota, set_quota
+from gpuaas.allocations.service.resizes import cancel_pending_resize, resize_allocation
 from gpuaas.allocations.service.runtimes import (
     offered_runtimes,
     record_artifact,
@@ -114,6 +114,7 @@ __all__ = [
     "apply_access_grant",
     "attach_volume",
     "authorized_keys",
+    "cancel_pending_resize",
     "claim_tasks",
     "clearance_granted",
     "complete_task",

@@ -25,17 +25,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import admission, domain
 from gpuaas.allocations.metrics import admitted
-from gpuaas.allocations.models import allocations, capacity_queues, host_capacity, hosts, quotas
+from gpuaas.allocations.models import allocations, capacity_queues, gpu_assignments, host_capacity, hosts, quotas
 from gpuaas.allocations.service.common import SYSTEM, now, record_timeline, with_volumes
 from gpuaas.allocations.service.lifecycle import admit
 from gpuaas.allocations.service.placement import TenancyRefused, capacities, place, reserve_on
 from gpuaas.allocations.service.preemption import PreemptionConfig, holds_off, reserved_for, schedule
 from gpuaas.allocations.service.quotas import check_quota
+from gpuaas.allocations.service.resizes import start_resize
 from gpuaas.allocations.service.waiting import REASON_TEXT, expire_queued, over_queue_limit, refuse_queued
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape, PendingReason
 from gpuaas.contracts.events.allocations import HostStatus
@@ -62,9 +63,11 @@ def tenant_queue(tenant_id: uuid.UUID) -> str:
 
 
 async def pools_waiting(session: AsyncSession) -> list[str]:
-    """GPU models with queued requests (the pools that need a cycle)."""
-    q = select(allocations.c.gpu_model).where(allocations.c.status == AllocationStatus.queued).distinct()
-    return sorted((await session.execute(q)).scalars())
+    """GPU models with queued requests or waiting resizes (the pools that need a cycle)."""
+    a = allocations.c
+    q = select(a.gpu_model).where(a.status == AllocationStatus.queued).distinct()
+    resizes = select(a.gpu_model).where(a.pending_resize_gpus.is_not(None)).distinct()
+    return sorted(set((await session.execute(q)).scalars()) | set((await session.execute(resizes)).scalars()))
 
 
 async def run_cycle(session: AsyncSession, model: str, preemption: PreemptionConfig | None = None) -> CycleResult:
@@ -107,7 +110,25 @@ async def run_cycle(session: AsyncSession, model: str, preemption: PreemptionCon
                 result.expired.append(row.allocation_id)
         else:
             waiting_rows.append(row)
-    if not waiting_rows:
+    # Resizes up waiting for GPUs on their own host (active allocations: one restarting or resizing waits on).
+    resizes = (
+        await session.execute(
+            select(
+                a.allocation_id,
+                a.project_id,
+                a.tenant_id,
+                a.gpu_count,
+                a.host_id,
+                a.priority,
+                a.pending_resize_gpus,
+                a.pending_resize_reason,
+                a.pending_resize_since,
+            )
+            .where(a.pending_resize_gpus.is_not(None), a.gpu_model == model, a.status == AllocationStatus.active)
+            .order_by(a.pending_resize_since, a.allocation_id)
+        )
+    ).all()
+    if not waiting_rows and not resizes:
         return result
     running = (
         await session.execute(
@@ -162,6 +183,20 @@ async def run_cycle(session: AsyncSession, model: str, preemption: PreemptionCon
                 enqueued_at=w.enqueued_at.timestamp(),
             )
             for w in waiting_rows
+        ]
+        + [
+            admission.Waiting(
+                allocation_id=r.allocation_id,
+                queue_id=project_queue(r.project_id),
+                tenant_id=r.tenant_id,
+                shape=CapacityShape.gpu_slice,
+                count=r.pending_resize_gpus - r.gpu_count,
+                host_class=None,
+                priority=r.priority,
+                enqueued_at=r.pending_resize_since.timestamp(),
+                host_id=r.host_id,
+            )
+            for r in resizes
         ],
         hosts=await capacities(session, host_ids) if host_ids else [],
         now=t.timestamp(),
@@ -172,8 +207,17 @@ async def run_cycle(session: AsyncSession, model: str, preemption: PreemptionCon
         ),
     )
     by_id = {w.allocation_id: w for w in waiting_rows}
+    resize_of = {r.allocation_id: r for r in resizes}
     pending = {p.allocation_id: p for p in plan.pending}
     for a in plan.admissions:
+        if a.allocation_id in resize_of:  # a resize up granted on its host
+            granted = await _apply_resize(session, a, t)
+            if granted is None:
+                pending[a.allocation_id] = admission.Pending(a.allocation_id, PendingReason.no_capacity, 1)
+            else:
+                result.admitted.append(a.allocation_id)
+                result.hosts.add(granted)
+            continue
         outcome = await _apply(session, a, t)
         if isinstance(outcome, uuid.UUID):
             result.admitted.append(a.allocation_id)
@@ -195,7 +239,61 @@ async def run_cycle(session: AsyncSession, model: str, preemption: PreemptionCon
         row = by_id.get(p.allocation_id)
         if row is not None:
             await _note_pending(session, row, PendingReason(p.reason), p.position)
+        elif p.allocation_id in resize_of and resize_of[p.allocation_id].pending_resize_reason != p.reason:
+            await session.execute(  # no version bump: the reason is bookkeeping, as a queued request's position
+                update(allocations)
+                .where(allocations.c.allocation_id == p.allocation_id, allocations.c.pending_resize_gpus.is_not(None))
+                .values(pending_resize_reason=PendingReason(p.reason))
+            )
     return result
+
+
+async def _apply_resize(session: AsyncSession, a: admission.Admission, t: datetime) -> uuid.UUID | None:
+    """Grant one planned resize up in a savepoint, as the resize request itself would: the allocation row locked
+    and still active with the same resize waiting on the same host, the quota and queue limits re-checked under
+    their locks, the host row locked and its free GPUs re-read before the extra ones go into gpu_assignments.
+    The host, or None when it no longer fits (it keeps waiting)."""
+    async with session.begin_nested() as savepoint:
+        row = (
+            await session.execute(
+                select(allocations).where(allocations.c.allocation_id == a.allocation_id).with_for_update()
+            )
+        ).first()
+        need = len(a.gpu_indices)
+        if (
+            row is None
+            or row.status != AllocationStatus.active
+            or row.pending_resize_gpus is None
+            or row.host_id != a.host_id
+            or row.pending_resize_gpus - row.gpu_count != need
+        ):
+            await savepoint.rollback()
+            return None
+        try:
+            await check_quota(session, row.project_id, need, count_refusal=False)
+        except Conflict:
+            await savepoint.rollback()
+            return None
+        if await over_queue_limit(session, row.tenant_id, row.project_id, row.gpu_model, need) is not None:
+            await savepoint.rollback()
+            return None
+        host = (await session.execute(select(hosts).where(hosts.c.host_id == row.host_id).with_for_update())).one()
+        free = (await capacities(session, [row.host_id], host_rows=[host]))[0].free(row.gpu_model)
+        if host.status != HostStatus.ready or len(free) < need:
+            await savepoint.rollback()
+            return None
+        extra = sorted(a.gpu_indices) if set(a.gpu_indices) <= set(free) else sorted(free)[:need]
+        await session.execute(
+            insert(gpu_assignments),
+            [{"host_id": row.host_id, "gpu_index": i, "allocation_id": row.allocation_id} for i in extra],
+        )
+        waited = (t - row.pending_resize_since).total_seconds()
+        await record_timeline(
+            session, row.allocation_id, "resize.queue", "succeeded", f"resize granted after waiting {waited:.1f}s"
+        )
+        await start_resize(session, await with_volumes(session, row), sorted([*row.gpu_indices, *extra]), actor=SYSTEM)
+        admitted(session, row.gpu_model, waited)
+        return row.host_id
 
 
 async def _lock_queued(session: AsyncSession, alloc_id: uuid.UUID) -> Any | None:

@@ -80,6 +80,8 @@ def alloc_state(row: Any) -> AllocationState:
         max_wait_s=row.max_wait_s,
         preemption=_preemption(row),
         requeued_from=getattr(row, "requeued_from", None),
+        pending_resize_gpus=getattr(row, "pending_resize_gpus", None),
+        pending_resize_reason=getattr(row, "pending_resize_reason", None),
     )
 
 
@@ -144,6 +146,37 @@ async def transition(session: AsyncSession, alloc: Any, target: AllocationStatus
         f"{alloc.status} → {target.value}" + (f": {values['failure_reason']}" if values.get("failure_reason") else ""),
     )
     return row
+
+
+async def insert_rerun(session: AsyncSession, alloc: Any, at: datetime) -> Any:
+    """A new `requested` allocation with `alloc`'s spec that names it in `requeued_from` (a preempted victim's
+    requeue, a restart whose host is lost), requested `at`; its row. A new id, not the old one back in the queue:
+    a meter is one allocation's one usage period."""
+    rerun_id = new_event_id()
+    await session.execute(
+        insert(allocations).values(
+            allocation_id=rerun_id,
+            tenant_id=alloc.tenant_id,
+            project_id=alloc.project_id,
+            owner_user_id=alloc.owner_user_id,
+            name=alloc.name,
+            shape=alloc.shape,
+            gpu_model=alloc.gpu_model,
+            gpu_count=alloc.gpu_count,
+            gpu_indices=[],
+            host_class=alloc.host_class,
+            status=AllocationStatus.requested,
+            status_changed_at=at,
+            ssh_username=domain.unix_username(rerun_id),
+            requested_at=at,
+            priority=alloc.priority,
+            max_wait_s=alloc.max_wait_s,
+            on_preemption=alloc.on_preemption,
+            requested_runtime=alloc.requested_runtime,
+            requeued_from=alloc.allocation_id,
+        )
+    )
+    return (await session.execute(select(allocations).where(allocations.c.allocation_id == rerun_id))).one()
 
 
 async def record_timeline(

@@ -1,5 +1,6 @@
-"""The allocation lifecycle: create (placement, quota, volumes, provision task), list, restart,
-resize, release (with app-runtime's clearance) and retry release."""
+"""The allocation lifecycle: create (placement, quota, volumes, provision task), list, restart (in place, or
+re-run elsewhere when its host is lost), release (with app-runtime's clearance) and retry release. Resizing is
+`resizes.py`."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
-from gpuaas.allocations.metrics import refused
-from gpuaas.allocations.models import allocations, app_members, gpu_assignments, hosts, volume_attachments, volumes
+from gpuaas.allocations.models import allocations, app_members, hosts, volume_attachments, volumes
 from gpuaas.allocations.service.access import authorized_keys
 from gpuaas.allocations.service.common import (
     alloc_state,
     container_limits,
     enqueue_task,
+    insert_rerun,
     load_allocation,
     now,
     record_timeline,
@@ -29,18 +30,24 @@ from gpuaas.allocations.service.common import (
     with_volumes_many,
     workload_payload,
 )
-from gpuaas.allocations.service.host_classes import limits_for, runtime_and_limits
+from gpuaas.allocations.service.host_classes import runtime_and_limits
 from gpuaas.allocations.service.overlay import overlay_for
-from gpuaas.allocations.service.placement import capacities, check_model_offered, place
+from gpuaas.allocations.service.placement import check_model_offered, place
 from gpuaas.allocations.service.quotas import check_quota
 from gpuaas.allocations.service.runtimes import resolve_runtime
 from gpuaas.allocations.service.volumes import attach_to_allocation, volume_mounts, volume_summaries
-from gpuaas.allocations.service.waiting import cancel_queued, enqueue, others_waiting, over_queue_limit
+from gpuaas.allocations.service.waiting import (
+    cancel_queued,
+    enqueue,
+    limits_wait,
+    others_waiting,
+)
 from gpuaas.allocations.views import Allocation, AllocationChange, AllocationNetwork, VolumeRef
 from gpuaas.contracts import Actor, Event, new_event_id
-from gpuaas.contracts.agent import ProvisionTask, ReleaseTask, ReleaseVolume, ResizeTask, RestartTask
+from gpuaas.contracts.agent import ProvisionTask, ReleaseTask, ReleaseVolume, RestartTask
 from gpuaas.contracts.enums import AllocationStatus, CapacityShape, PendingReason
 from gpuaas.contracts.events import allocations as allocation_events
+from gpuaas.contracts.events.allocations import HostStatus
 from gpuaas.kit import audit, iam, paging
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import Conflict, Unprocessable
@@ -50,6 +57,8 @@ from gpuaas.kit.paging import PageRequest
 W = TypeVar("W", ProvisionTask, RestartTask)
 
 LIVE_MEMBER = ("pending", "starting", "active", "draining", "stopping")
+# A host an allocation cannot restart on: a restart re-runs it elsewhere (issue 29).
+LOST_HOST = (HostStatus.unreachable, HostStatus.decommissioned)
 
 
 async def create_allocation(
@@ -83,23 +92,7 @@ async def create_allocation(
         raise Unprocessable("gpu_count is required for a gpu_slice", code="gpu_count_required")
     if runtime is not None:
         await resolve_runtime(session, runtime, tenant_id)
-    waits_for: PendingReason | None = None
-    try:
-        await check_quota(session, project_id, gpu_count or 1, count_refusal=not queue)
-    except Conflict as exc:
-        if not queue or exc.code != "quota_exceeded":
-            raise
-        waits_for = PendingReason.over_limit
-    if waits_for is None:
-        waits_for = await over_queue_limit(session, tenant_id, project_id, gpu_model, gpu_count or 1)
-        if waits_for is not None and not queue:
-            refused(session, "queue_limit_exceeded")
-            raise Conflict(
-                f"the {'project' if waits_for is PendingReason.over_limit else 'tenant'}'s {gpu_model} queue is at "
-                "its limit",
-                code="queue_limit_exceeded",
-                reason=waits_for.value,
-            )
+    waits_for = await limits_wait(session, tenant_id, project_id, gpu_model, gpu_count or 1, queue=queue)
     alloc_id = new_event_id()
     t = now()
     # Insert first (requested) so the GPU reservations can reference it; all in this transaction.
@@ -177,7 +170,7 @@ async def create_allocation(
         project_id=project_id,
         after=alloc_state(row).model_dump(mode="json"),
     )
-    return await _changed(session, row)
+    return await changed(session, row)
 
 
 async def admit(
@@ -313,6 +306,7 @@ def _view(row: Any, vols: list[Any]) -> Allocation:
         **{
             **dict(alloc_state(row)),
             "estimated_start_at": row.estimated_start_at if row.status == AllocationStatus.queued else None,
+            "pending_resize_since": getattr(row, "pending_resize_since", None),
             "volumes": [
                 VolumeRef(
                     volume_id=v.volume_id,
@@ -331,7 +325,7 @@ def _view(row: Any, vols: list[Any]) -> Allocation:
     )
 
 
-async def _changed(session: AsyncSession, row: Any) -> AllocationChange[Allocation]:
+async def changed(session: AsyncSession, row: Any) -> AllocationChange[Allocation]:
     """The allocation after a change: its view, new version and host."""
     view = (await allocation_views(session, [row]))[0]
     return AllocationChange(body=view, version=row.version, host_id=row.host_id)
@@ -340,9 +334,18 @@ async def _changed(session: AsyncSession, row: Any) -> AllocationChange[Allocati
 async def restart_allocation(
     session: AsyncSession, principal: Principal, alloc_id: uuid.UUID, *, expected_version: int | None = None
 ) -> AllocationChange[Allocation]:
+    """Restart in place; an allocation whose host is lost (unreachable or decommissioned) cannot restart there,
+    so it is re-run elsewhere (`_restart_elsewhere`) and the answer is the re-run."""
     alloc = await load_allocation(
         session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
     )
+    if alloc.host_id is not None:
+        host = (
+            await session.execute(select(hosts.c.name, hosts.c.status).where(hosts.c.host_id == alloc.host_id))
+        ).one()
+        if host.status in LOST_HOST:
+            domain.check_transition(alloc.status, AllocationStatus.restarting, action="restart")
+            return await _restart_elsewhere(session, principal, alloc, host)
     before = alloc_state(alloc)
     row = await transition(session, alloc, AllocationStatus.restarting, failure_reason=None)
     await add_event(
@@ -364,93 +367,74 @@ async def restart_allocation(
         before={"status": before.status},
         after={"status": row.status},
     )
-    return await _changed(session, row)
+    return await changed(session, row)
 
 
-async def resize_allocation(
-    session: AsyncSession,
-    principal: Principal,
-    alloc_id: uuid.UUID,
-    gpu_count: int,
-    *,
-    expected_version: int | None = None,
+async def _restart_elsewhere(
+    session: AsyncSession, principal: Principal, alloc: Any, host: Any
 ) -> AllocationChange[Allocation]:
-    alloc = await load_allocation(
-        session, principal, alloc_id, "allocations.update", lock=True, expected_version=expected_version
+    """Restart of an allocation whose host is lost: a NEW allocation with its spec and volumes (`requeued_from`
+    names it) placed on another host now, else `queued` (no_capacity, or over_limit while the lost allocation
+    still counts against its quota) and admitted like a create. The lost allocation is released (billing stops
+    now; its release task runs if the host's agent comes back), in this same transaction. A new id for the
+    reason a preempted victim's requeue gets one: a meter is one allocation's one usage period."""
+    rerun = await insert_rerun(session, alloc, now())
+    rerun_id = rerun.allocation_id
+    # Its volumes go with it (before the release is queued, so the lost host's release deletes no data).
+    await session.execute(
+        update(volume_attachments)
+        .where(volume_attachments.c.allocation_id == alloc.allocation_id)
+        .values(allocation_id=rerun_id)
     )
-    if alloc.shape != CapacityShape.gpu_slice:
-        raise Conflict(
-            "only a gpu_slice can be resized; a baremetal allocation holds the whole host", code="resize_not_supported"
-        )
-    domain.check_transition(alloc.status, AllocationStatus.resizing, action="resize")
-    if gpu_count == alloc.gpu_count:
-        raise Conflict(f"the allocation already has {gpu_count} GPUs", code="resize_noop")
-    current = sorted(alloc.gpu_indices)
-    if gpu_count > alloc.gpu_count:
-        await check_quota(session, alloc.project_id, gpu_count - alloc.gpu_count)
-        await session.execute(select(hosts.c.host_id).where(hosts.c.host_id == alloc.host_id).with_for_update())
-        cap = (await capacities(session, [alloc.host_id]))[0]
-        free = cap.free(alloc.gpu_model)
-        need = gpu_count - alloc.gpu_count
-        if len(free) < need:
-            refused(session, "insufficient_gpus_on_host")
-            raise Conflict(
-                f"the host has {len(free)} free {alloc.gpu_model} GPUs; growing to {gpu_count} needs {need}",
-                code="insufficient_gpus_on_host",
-                free=len(free),
-                needed=need,
+    why = f"host {host.name} is {host.status}"
+    await record_timeline(session, alloc.allocation_id, "restart", "info", f"{why}: restarted elsewhere as {rerun_id}")
+    old = await request_release(session, principal.actor, alloc.allocation_id, reason=f"replaced: {why}")
+    requested = await with_volumes(session, rerun)
+    await record_timeline(session, rerun_id, "status", "info", f"restart of allocation {alloc.allocation_id}: {why}")
+    events: list[Event] = [
+        allocation_events.AllocationRequested.build(data=alloc_state(requested), source=SERVICE, actor=principal.actor)
+    ]
+    waits_for = await limits_wait(
+        session, alloc.tenant_id, alloc.project_id, alloc.gpu_model, alloc.gpu_count, queue=True
+    )
+    if waits_for is None and await others_waiting(session, alloc.gpu_model, rerun_id):
+        waits_for = PendingReason.no_capacity
+    placed: tuple[Any, list[int]] | None = None
+    if waits_for is None:
+        shape = CapacityShape(alloc.shape)
+        try:
+            placed = await place(
+                session,
+                shape=shape,
+                model=alloc.gpu_model,
+                count=alloc.gpu_count if shape is CapacityShape.gpu_slice else None,
+                host_class=alloc.host_class,
+                alloc_id=rerun_id,
+                tenant_id=alloc.tenant_id,
+                container_only=alloc.requested_runtime is not None,
+                count_refusal=False,
             )
-        extra = sorted(free)[:need]
-        await session.execute(
-            insert(gpu_assignments),
-            [{"host_id": alloc.host_id, "gpu_index": i, "allocation_id": alloc_id} for i in extra],
-        )
-        target = sorted(current + extra)
+        except (Conflict, Unprocessable):  # no host fits (or none offers the model any more): it waits
+            waits_for = PendingReason.no_capacity
+    if placed is None:
+        assert waits_for is not None
+        row = await enqueue(session, requested, waits_for, events=events, actor=principal.actor)
     else:
-        target = current[:gpu_count]
-    host = (await session.execute(select(hosts).where(hosts.c.host_id == alloc.host_id))).one()
-    limits = await limits_for(session, host, gpu_count=gpu_count)
-    row = await transition(
-        session,
-        alloc,
-        AllocationStatus.resizing,
-        target_gpu_count=gpu_count,
-        target_gpu_indices=target,
-        failure_reason=None,
-    )
-    await add_event(
-        session,
-        allocation_events.AllocationResizing.build(data=alloc_state(row), source=SERVICE, actor=principal.actor),
-    )
-    workload, workload_token = workload_payload(row.runtime)
-    await enqueue_task(
-        session,
-        row.host_id,
-        alloc_id,
-        ResizeTask(
-            allocation_id=alloc_id,
-            username=row.ssh_username,
-            gpu_indices=target,
-            runtime=runtime_image(row.runtime),
-            limits=container_limits(limits if row.runtime else None),
-            workload=workload,
-            workload_token=workload_token,
-            overlay=await overlay_for(session, row),  # the container is recreated: same address, peers as now
-        ),
-    )
+        row = await admit(session, requested, *placed, events=events, actor=principal.actor)
     await audit.record(
         session,
         service=SERVICE,
         actor=principal,
-        action="allocations.resize",
+        action="allocations.restart",
         resource_type="allocation",
-        resource_id=alloc_id,
-        tenant_id=row.tenant_id,
-        project_id=row.project_id,
-        before={"gpu_count": alloc.gpu_count, "gpu_indices": current},
-        after={"gpu_count": gpu_count, "gpu_indices": target},
+        resource_id=alloc.allocation_id,
+        tenant_id=alloc.tenant_id,
+        project_id=alloc.project_id,
+        before={"status": alloc.status, "host_id": str(alloc.host_id)},
+        after={"status": old.status, "restarted_as": str(rerun_id), "restarted_as_status": row.status},
+        reason=why,
     )
-    return await _changed(session, row)
+    return await changed(session, row)
 
 
 async def live_app_members(session: AsyncSession, alloc_id: uuid.UUID) -> int:
@@ -522,7 +506,7 @@ async def release_allocation(
         before={"status": alloc.status},
         after={"status": row.status},
     )
-    return await _changed(session, row)
+    return await changed(session, row)
 
 
 async def request_release(
@@ -544,7 +528,12 @@ async def request_release(
         billing_stopped_at=alloc.billing_stopped_at or t,
         release_attempts=alloc.release_attempts + 1,
         failure_reason=None,
+        pending_resize_gpus=None,
+        pending_resize_reason=None,
+        pending_resize_since=None,
     )
+    if alloc.pending_resize_gpus is not None:
+        await record_timeline(session, alloc_id, "resize.queue", "failed", "the waiting resize ends with the release")
     if reason:
         await record_timeline(session, alloc_id, "release", "info", reason)
     await add_event(

@@ -24,24 +24,25 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import alias
 
-from gpuaas.allocations import SERVICE, admission, domain
+from gpuaas.allocations import SERVICE, admission
 from gpuaas.allocations.metrics import preemption
 from gpuaas.allocations.models import allocations
 from gpuaas.allocations.service.common import (
     SYSTEM,
     alloc_state,
     enqueue_task,
+    insert_rerun,
     record_timeline,
     update_allocation,
     with_volumes,
 )
 from gpuaas.allocations.service.lifecycle import request_release
 from gpuaas.allocations.service.waiting import enqueue
-from gpuaas.contracts import Event, new_event_id
+from gpuaas.contracts import Event
 from gpuaas.contracts.agent import NotifyPreemptionTask
 from gpuaas.contracts.enums import AllocationStatus, PendingReason
 from gpuaas.contracts.events import allocations as allocation_events
@@ -203,34 +204,9 @@ async def stop_due(session: AsyncSession, alloc_id: uuid.UUID, t: datetime, conf
 
 async def requeue(session: AsyncSession, victim: Any) -> Any:
     """The victim's spec as a new queued request with the victim's original age (see the module's docstring)."""
-    alloc_id = new_event_id()
-    t = victim.preempt_deadline
-    await session.execute(
-        insert(allocations).values(
-            allocation_id=alloc_id,
-            tenant_id=victim.tenant_id,
-            project_id=victim.project_id,
-            owner_user_id=victim.owner_user_id,
-            name=victim.name,
-            shape=victim.shape,
-            gpu_model=victim.gpu_model,
-            gpu_count=victim.gpu_count,
-            gpu_indices=[],
-            host_class=victim.host_class,
-            status=AllocationStatus.requested,
-            status_changed_at=t,
-            ssh_username=domain.unix_username(alloc_id),
-            requested_at=t,
-            priority=victim.priority,
-            max_wait_s=victim.max_wait_s,
-            on_preemption=victim.on_preemption,
-            requested_runtime=victim.requested_runtime,
-            requeued_from=victim.allocation_id,
-        )
-    )
-    requested = await with_volumes(
-        session, (await session.execute(select(allocations).where(allocations.c.allocation_id == alloc_id))).one()
-    )
+    row = await insert_rerun(session, victim, victim.preempt_deadline)
+    alloc_id = row.allocation_id
+    requested = await with_volumes(session, row)
     events: list[Event] = [
         allocation_events.AllocationRequested.build(data=alloc_state(requested), source=SERVICE, actor=SYSTEM)
     ]

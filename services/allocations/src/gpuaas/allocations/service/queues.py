@@ -4,7 +4,9 @@ projects, and the views of usage against guarantee, limit and weight.
 Every change is checked before anything is written (422 problem+json, nothing half-written), audited and
 announced with `capacity_queue.updated` in the same transaction, and wakes the admission runners (a new
 guarantee or limit can admit a waiting request). Changes of one tenant's queues of one pool are serialised
-(advisory lock), so two admins dividing the same share cannot both pass the sum check.
+(advisory lock), so two admins dividing the same share cannot both pass the sum check, and an If-Match is checked
+under that lock (of two admins who read the same version only one writes; a queue without settings is version 0,
+so only a write without If-Match creates one).
 """
 
 from __future__ import annotations
@@ -19,26 +21,32 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
 from gpuaas.allocations.models import allocations, capacity_queues
-from gpuaas.allocations.queue_usage import COUNTED, GPUS
+from gpuaas.allocations.queue_usage import COUNTED, GPUS, QUEUED, WAIT_GPUS, WAIT_REASON, WAITS
 from gpuaas.allocations.service.common import now, poke_admission
 from gpuaas.allocations.service.placement import check_model_offered
 from gpuaas.allocations.service.waiting import lock_tenant_pool
 from gpuaas.allocations.views import CapacityQueue
 from gpuaas.contracts import new_event_id
-from gpuaas.contracts.enums import AllocationStatus
 from gpuaas.contracts.events import allocations as allocation_events
 from gpuaas.kit import audit, iam
 from gpuaas.kit.auth import Principal
 from gpuaas.kit.errors import NotFound
 from gpuaas.kit.outbox import add_event
 from gpuaas.kit.tables import iam_tenants
+from gpuaas.kit.versioning import check_version
 
 Scope = Literal["tenant", "project"]
 FIGURES = ("guarantee", "limit", "lend_limit", "weight")
 
 
 async def put_tenant_queue(
-    session: AsyncSession, principal: Principal, tenant_id: uuid.UUID, gpu_model: str, figures: dict[str, Any]
+    session: AsyncSession,
+    principal: Principal,
+    tenant_id: uuid.UUID,
+    gpu_model: str,
+    figures: dict[str, Any],
+    *,
+    expected_version: int | None = None,
 ) -> CapacityQueue:
     """An operator sets a tenant's queue of a pool. Its guarantee may not drop below what its projects
     are guaranteed together (else their shares would exceed the tenant's)."""
@@ -50,6 +58,8 @@ async def put_tenant_queue(
     domain.check_queue_figures(**figures)
     await check_model_offered(session, gpu_model)
     await lock_tenant_pool(session, tenant_id, gpu_model)
+    before = await _row(session, "tenant", tenant_id, gpu_model)
+    check_version(before.version if before else 0, expected_version)
     projects = await _project_queues(session, tenant_id, gpu_model)
     for p in projects:  # the tenant's new figures must still hold each project's as they are
         domain.check_project_share(
@@ -59,12 +69,18 @@ async def put_tenant_queue(
             guarantee=p.guarantee,
             limit=p.limit,
         )
-    await _write(session, principal, "tenant", tenant_id, tenant_id, gpu_model, figures)
+    await _write(session, principal, before, "tenant", tenant_id, tenant_id, gpu_model, figures)
     return (await _views(session, gpu_model, [("tenant", tenant_id, tenant_id)]))[0]
 
 
 async def put_project_queue(
-    session: AsyncSession, principal: Principal, project_id: uuid.UUID, gpu_model: str, figures: dict[str, Any]
+    session: AsyncSession,
+    principal: Principal,
+    project_id: uuid.UUID,
+    gpu_model: str,
+    figures: dict[str, Any],
+    *,
+    expected_version: int | None = None,
 ) -> CapacityQueue:
     """A tenant admin sets a project's queue, inside the tenant's share."""
     await iam.authorize(session, principal, "allocations.queue.manage", project_id=project_id)
@@ -73,6 +89,8 @@ async def put_project_queue(
     domain.check_queue_figures(**figures)
     await check_model_offered(session, gpu_model)
     await lock_tenant_pool(session, tenant_id, gpu_model)
+    before = await _row(session, "project", project_id, gpu_model)
+    check_version(before.version if before else 0, expected_version)
     tenant = await _row(session, "tenant", tenant_id, gpu_model)
     others = [p for p in await _project_queues(session, tenant_id, gpu_model) if p.scope_id != project_id]
     domain.check_project_share(
@@ -82,7 +100,7 @@ async def put_project_queue(
         guarantee=figures["guarantee"],
         limit=figures["limit"],
     )
-    await _write(session, principal, "project", project_id, tenant_id, gpu_model, figures)
+    await _write(session, principal, before, "project", project_id, tenant_id, gpu_model, figures)
     return (await _views(session, gpu_model, [("project", project_id, tenant_id)]))[0]
 
 
@@ -186,13 +204,13 @@ async def _project_queues(session: AsyncSession, tenant_id: uuid.UUID, gpu_model
 async def _write(
     session: AsyncSession,
     principal: Principal,
+    before: Any | None,
     scope: Scope,
     scope_id: uuid.UUID,
     tenant_id: uuid.UUID,
     gpu_model: str,
     figures: dict[str, Any],
 ) -> None:
-    before = await _row(session, scope, scope_id, gpu_model)
     values = {name: figures[name] for name in FIGURES}
     stmt = pg_insert(capacity_queues).values(
         queue_id=new_event_id(),
@@ -251,34 +269,32 @@ async def _views(
         (r.scope, r.scope_id): r
         for r in (await session.execute(select(capacity_queues).where(capacity_queues.c.gpu_model == gpu_model))).all()
     }
+    # One grouped query: what each project holds, and its waiting demand (queued requests and waiting resizes).
     rows = (
         await session.execute(
             select(
                 allocations.c.tenant_id,
                 allocations.c.project_id,
-                allocations.c.status,
-                allocations.c.pending_reason,
-                func.count(),
-                func.sum(GPUS),
+                WAIT_REASON,
+                func.coalesce(func.sum(GPUS).filter(~QUEUED), 0),
+                func.count().filter(WAITS),
+                func.coalesce(func.sum(WAIT_GPUS).filter(WAITS), 0),
             )
             .where(allocations.c.gpu_model == gpu_model, allocations.c.status.in_(COUNTED))
-            .group_by(
-                allocations.c.tenant_id, allocations.c.project_id, allocations.c.status, allocations.c.pending_reason
-            )
+            .group_by(allocations.c.tenant_id, allocations.c.project_id, WAIT_REASON)
         )
     ).all()
     held: dict[tuple[str, uuid.UUID], int] = defaultdict(int)
     waiting: dict[tuple[str, uuid.UUID], int] = defaultdict(int)
     waiting_gpus: dict[tuple[str, uuid.UUID], int] = defaultdict(int)
     reasons: dict[tuple[str, uuid.UUID], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for tenant_id, project_id, status, reason, n, g in rows:
+    for tenant_id, project_id, reason, h, n, g in rows:
         for key in (("tenant", tenant_id), ("project", project_id)):
-            if status == AllocationStatus.queued:
+            held[key] += int(h)
+            if n:
                 waiting[key] += n
                 waiting_gpus[key] += int(g)
                 reasons[key][reason or "unknown"] += n
-            else:
-                held[key] += int(g)
 
     def guarantee(key: tuple[str, uuid.UUID]) -> int:
         s = settings.get(key)

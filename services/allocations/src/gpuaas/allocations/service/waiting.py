@@ -1,5 +1,7 @@
 """Requests that wait for capacity (issue 29): enqueue a create that cannot be placed now, its position in its
-project's queue, cancel it (released, nothing held, no agent task) and fail it past its `max_wait`.
+project's queue, cancel it (released, nothing held, no agent task) and fail it past its `max_wait`; and a resize
+up that waits for GPUs on its allocation's host (`queue_resize`, `cancel_resize`): the allocation runs on with
+its current GPUs and the admission runner grants the resize in its turn.
 
 A `queued` allocation holds no GPUs and counts against no quota; the admission runner
 (`service.admission_runner`) moves it on to `provisioning` together with a placement.
@@ -14,6 +16,7 @@ from sqlalchemy import and_, exists, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpuaas.allocations import SERVICE, domain
+from gpuaas.allocations.metrics import refused
 from gpuaas.allocations.models import allocations, capacity_queues
 from gpuaas.allocations.service.common import (
     alloc_state,
@@ -21,13 +24,15 @@ from gpuaas.allocations.service.common import (
     poke_admission,
     record_timeline,
     transition,
+    update_allocation,
     with_volumes,
 )
+from gpuaas.allocations.service.quotas import check_quota
 from gpuaas.allocations.service.volumes import detach_all
 from gpuaas.contracts import Actor, Event
 from gpuaas.contracts.enums import AllocationStatus, PendingReason
 from gpuaas.contracts.events import allocations as allocation_events
-from gpuaas.kit.errors import Problem
+from gpuaas.kit.errors import Conflict, Problem
 from gpuaas.kit.outbox import add_events
 
 # Reasons of waiting requests that compete for free GPUs: a new create of the pool waits behind them rather
@@ -43,12 +48,16 @@ REASON_TEXT = {
 
 
 async def others_waiting(session: AsyncSession, gpu_model: str, alloc_id: uuid.UUID) -> bool:
-    """Whether requests of this pool wait for free GPUs (so a new one queues behind them)."""
+    """Whether requests of this pool wait for free GPUs (so a new one queues behind them): queued creates and
+    resizes up waiting for GPUs on their host."""
+    a = allocations.c
     q = exists().where(
-        allocations.c.status == AllocationStatus.queued,
-        allocations.c.gpu_model == gpu_model,
-        allocations.c.pending_reason.in_(list(COMPETING)),
-        allocations.c.allocation_id != alloc_id,
+        a.gpu_model == gpu_model,
+        a.allocation_id != alloc_id,
+        or_(
+            and_(a.status == AllocationStatus.queued, a.pending_reason.in_(list(COMPETING))),
+            and_(a.pending_resize_gpus.is_not(None), a.pending_resize_reason == PendingReason.no_capacity),
+        ),
     )
     return bool((await session.execute(select(q))).scalar())
 
@@ -88,6 +97,29 @@ async def over_queue_limit(
         if used + extra > limit:
             return PendingReason.over_limit if scope == "project" else PendingReason.over_tenant_limit
     return None
+
+
+async def limits_wait(
+    session: AsyncSession, tenant_id: uuid.UUID, project_id: uuid.UUID, gpu_model: str, gpus: int, *, queue: bool
+) -> PendingReason | None:
+    """Whether `gpus` more GPUs must wait for the project's quota or a queue limit (the reason), else None;
+    with `queue` false the 409 (`quota_exceeded`, `queue_limit_exceeded`) instead of waiting."""
+    try:
+        await check_quota(session, project_id, gpus, count_refusal=not queue)
+    except Conflict as exc:
+        if not queue or exc.code != "quota_exceeded":
+            raise
+        return PendingReason.over_limit
+    waits_for = await over_queue_limit(session, tenant_id, project_id, gpu_model, gpus)
+    if waits_for is not None and not queue:
+        refused(session, "queue_limit_exceeded")
+        raise Conflict(
+            f"the {'project' if waits_for is PendingReason.over_limit else 'tenant'}'s {gpu_model} queue is at "
+            "its limit",
+            code="queue_limit_exceeded",
+            reason=waits_for.value,
+        )
+    return waits_for
 
 
 async def lock_tenant_pool(session: AsyncSession, tenant_id: uuid.UUID, gpu_model: str) -> None:
@@ -191,3 +223,44 @@ async def _set(session: AsyncSession, row: Any, **values: Any) -> Any:
         )
     ).one()
     return await with_volumes(session, updated)
+
+
+async def queue_resize(session: AsyncSession, alloc: Any, gpu_count: int, reason: PendingReason, actor: Actor) -> Any:
+    """A resize up of an active allocation that cannot be granted now waits: the size asked and why on the row
+    (a version bump: the allocation's view changed), a timeline entry, `allocation.resize_queued`, the runners
+    poked. It holds no extra GPUs and counts against no quota until granted."""
+    row = await update_allocation(
+        session,
+        alloc.allocation_id,
+        pending_resize_gpus=gpu_count,
+        pending_resize_reason=reason,
+        pending_resize_since=now(),
+        failure_reason=None,
+    )
+    why = "its host has not enough free GPUs" if reason is PendingReason.no_capacity else REASON_TEXT[reason]
+    await record_timeline(
+        session,
+        alloc.allocation_id,
+        "resize.queue",
+        "started",
+        f"resize to {gpu_count} GPUs waits: {why}; it keeps its {alloc.gpu_count} GPUs meanwhile",
+    )
+    await add_events(
+        session, [allocation_events.AllocationResizeQueued.build(data=alloc_state(row), source=SERVICE, actor=actor)]
+    )
+    await poke_admission(session, row.gpu_model)
+    return row
+
+
+async def cancel_resize(session: AsyncSession, alloc: Any, actor: Actor, note: str) -> Any:
+    """Drop a waiting resize (the row locked by the caller): nothing was reserved, so nothing else changes."""
+    row = await update_allocation(
+        session, alloc.allocation_id, pending_resize_gpus=None, pending_resize_reason=None, pending_resize_since=None
+    )
+    await record_timeline(session, alloc.allocation_id, "resize.queue", "failed", note)
+    await add_events(
+        session,
+        [allocation_events.AllocationResizeCancelled.build(data=alloc_state(row), source=SERVICE, actor=actor)],
+    )
+    await poke_admission(session, row.gpu_model)  # the requests behind it move up
+    return row

@@ -13,6 +13,7 @@ One module per area; this package re-exports the use cases, so callers write `se
 - `lifecycle`: controller reports, stop/start, decommission (verified or forced)
 - `credentials`: access credentials (custody, the access grant, rotation, the controller's fetch)
 - `release`: the release saga (members off a released allocation, then the clearance)
+- `preemption`: a preemption notice drains the members on the allocation before its deadline
 - `queries`: listings and the timeline
 """
 
@@ -44,6 +45,7 @@ from gpuaas.app_runtime.service.operations import (
     heartbeat,
     request_operation,
 )
+from gpuaas.app_runtime.service.preemption import allocation_preemption_scheduled
 from gpuaas.app_runtime.service.queries import (
     controller_event,
     controller_instances,
@@ -78,6 +80,7 @@ __all__ = [
     "MemberView",
     "OperationView",
     "TimelineEntryView",
+    "allocation_preemption_scheduled",
     "allocation_release_requested",
     "authorize_deploy",
     "authorize_rotation",
