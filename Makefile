@@ -26,8 +26,15 @@ $(CONSOLE)/node_modules/.installed: $(CONSOLE)/package-lock.json
 	cd $(CONSOLE) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-console: $(CONSOLE)/node_modules/.installed
+# Built again only when a source changed: every target runs `install`, and CI runs two lanes at once, so a
+# rebuild would rewrite dist/ under a gateway another lane's tests are serving it from.
+CONSOLE_SOURCES := $(shell find $(CONSOLE)/src -type f 2>/dev/null) \
+	$(wildcard $(CONSOLE)/index.html $(CONSOLE)/package.json $(CONSOLE)/tsconfig.json $(CONSOLE)/vite.config.ts)
+$(CONSOLE)/dist/.built: $(CONSOLE)/node_modules/.installed $(CONSOLE_SOURCES)
 	cd $(CONSOLE) && npm run --silent build
+	touch $@
+
+console: $(CONSOLE)/dist/.built
 
 ## migrate: provision the database, roles and schemas and run every service's migrations
 ##          (embedded Postgres under .local/pg, or GPUAAS_DATABASE_URL's server)
