@@ -16,11 +16,12 @@ import fcntl
 import ipaddress
 import json
 import os
-import shutil
-import subprocess
+import socket
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import psutil
 
 SLOTS = 16
 POOL = ipaddress.IPv4Network("10.208.0.0/12")  # the service's default pool, cut into 16 /16s
@@ -85,27 +86,33 @@ def slot_network(slot: int) -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network((int(POOL.network_address) + (slot << 16), 16))
 
 
+# Where podman keeps its networks' definitions: CNI (the agents' backend here) and netavark.
+NETWORK_CONFIGS = (Path("/etc/cni/net.d"), Path("/etc/containers/networks"))
+
+
 def subnets_in_use() -> list[ipaddress.IPv4Network]:
-    """The IPv4 subnets of this machine's podman networks and interface addresses."""
+    """The IPv4 subnets of this machine's podman networks (read from their definitions, as podman itself checks
+    a new network against them) and of its interface addresses."""
     found: list[ipaddress.IPv4Network] = []
-    for net in _json(["podman", "network", "ls", "--format", "json"]):
-        for sub in net.get("subnets") or []:
-            with contextlib.suppress(ValueError, TypeError):
-                found.append(ipaddress.IPv4Network(sub.get("subnet"), strict=False))
-    for link in _json(["ip", "-j", "-4", "addr"]):
-        for addr in link.get("addr_info") or []:
-            with contextlib.suppress(ValueError, TypeError):
-                found.append(ipaddress.IPv4Interface(f"{addr.get('local')}/{addr.get('prefixlen')}").network)
+    for folder in NETWORK_CONFIGS:
+        for path in sorted(folder.glob("*.conflist")) + sorted(folder.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                for subnet in _subnet_values(json.loads(path.read_text())):
+                    with contextlib.suppress(ValueError, TypeError):
+                        found.append(ipaddress.IPv4Network(subnet, strict=False))
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            if addr.family == socket.AF_INET and addr.netmask:
+                with contextlib.suppress(ValueError):
+                    found.append(ipaddress.IPv4Interface(f"{addr.address}/{addr.netmask}").network)
     return found
 
 
-def _json(command: list[str]) -> list[dict[str, Any]]:
-    """A command's JSON list of objects; [] when the tool is missing or fails (nothing known to be in use)."""
-    if shutil.which(command[0]) is None:
-        return []
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
-        data = json.loads(out or "[]")
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return []
-    return [x for x in data if isinstance(x, dict)] if isinstance(data, list) else []
+def _subnet_values(node: Any) -> list[Any]:
+    """Every value under a `subnet` key, at any depth (CNI nests them in ranges, netavark in a list)."""
+    if isinstance(node, dict):
+        items = cast("dict[str, Any]", node)
+        return [v for k, v in items.items() if k == "subnet"] + [x for v in items.values() for x in _subnet_values(v)]
+    if isinstance(node, list):
+        return [x for v in cast("list[Any]", node) for x in _subnet_values(v)]
+    return []
