@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpuaas.allocations import admission, domain
 from gpuaas.allocations.metrics import admitted
 from gpuaas.allocations.models import allocations, capacity_queues, gpu_assignments, host_capacity, hosts, quotas
+from gpuaas.allocations.queue_usage import WAITS
 from gpuaas.allocations.service.common import SYSTEM, now, record_timeline, with_volumes
 from gpuaas.allocations.service.lifecycle import admit
 from gpuaas.allocations.service.placement import TenancyRefused, capacities, place, reserve_on
@@ -63,11 +64,9 @@ def tenant_queue(tenant_id: uuid.UUID) -> str:
 
 
 async def pools_waiting(session: AsyncSession) -> list[str]:
-    """GPU models with queued requests or waiting resizes (the pools that need a cycle)."""
-    a = allocations.c
-    q = select(a.gpu_model).where(a.status == AllocationStatus.queued).distinct()
-    resizes = select(a.gpu_model).where(a.pending_resize_gpus.is_not(None)).distinct()
-    return sorted(set((await session.execute(q)).scalars()) | set((await session.execute(resizes)).scalars()))
+    """GPU models with queued requests or waiting resizes (the pools that need a cycle), in one query."""
+    q = select(allocations.c.gpu_model).where(WAITS).distinct()
+    return sorted((await session.execute(q)).scalars())
 
 
 async def run_cycle(session: AsyncSession, model: str, preemption: PreemptionConfig | None = None) -> CycleResult:
@@ -254,34 +253,12 @@ async def _apply_resize(session: AsyncSession, a: admission.Admission, t: dateti
     their locks, the host row locked and its free GPUs re-read before the extra ones go into gpu_assignments.
     The host, or None when it no longer fits (it keeps waiting)."""
     async with session.begin_nested() as savepoint:
-        row = (
-            await session.execute(
-                select(allocations).where(allocations.c.allocation_id == a.allocation_id).with_for_update()
-            )
-        ).first()
+        granted = await _resize_still_fits(session, a)
+        if granted is None:
+            await savepoint.rollback()
+            return None
+        row, free = granted
         need = len(a.gpu_indices)
-        if (
-            row is None
-            or row.status != AllocationStatus.active
-            or row.pending_resize_gpus is None
-            or row.host_id != a.host_id
-            or row.pending_resize_gpus - row.gpu_count != need
-        ):
-            await savepoint.rollback()
-            return None
-        try:
-            await check_quota(session, row.project_id, need, count_refusal=False)
-        except Conflict:
-            await savepoint.rollback()
-            return None
-        if await over_queue_limit(session, row.tenant_id, row.project_id, row.gpu_model, need) is not None:
-            await savepoint.rollback()
-            return None
-        host = (await session.execute(select(hosts).where(hosts.c.host_id == row.host_id).with_for_update())).one()
-        free = (await capacities(session, [row.host_id], host_rows=[host]))[0].free(row.gpu_model)
-        if host.status != HostStatus.ready or len(free) < need:
-            await savepoint.rollback()
-            return None
         extra = sorted(a.gpu_indices) if set(a.gpu_indices) <= set(free) else sorted(free)[:need]
         await session.execute(
             insert(gpu_assignments),
@@ -294,6 +271,37 @@ async def _apply_resize(session: AsyncSession, a: admission.Admission, t: dateti
         await start_resize(session, await with_volumes(session, row), sorted([*row.gpu_indices, *extra]), actor=SYSTEM)
         admitted(session, row.gpu_model, waited)
         return row.host_id
+
+
+async def _resize_still_fits(session: AsyncSession, a: admission.Admission) -> tuple[Any, list[int]] | None:
+    """The allocation row (locked) and its host's free GPUs (the host row locked), when the planned resize still
+    holds: the same resize waits on the same host of an active allocation, within its quota and queue limits,
+    on a ready host with enough free GPUs. None otherwise."""
+    row = (
+        await session.execute(
+            select(allocations).where(allocations.c.allocation_id == a.allocation_id).with_for_update()
+        )
+    ).first()
+    need = len(a.gpu_indices)
+    if (
+        row is None
+        or row.status != AllocationStatus.active
+        or row.pending_resize_gpus is None
+        or row.host_id != a.host_id
+        or row.pending_resize_gpus - row.gpu_count != need
+    ):
+        return None
+    try:
+        await check_quota(session, row.project_id, need, count_refusal=False)
+    except Conflict:
+        return None
+    if await over_queue_limit(session, row.tenant_id, row.project_id, row.gpu_model, need) is not None:
+        return None
+    host = (await session.execute(select(hosts).where(hosts.c.host_id == row.host_id).with_for_update())).one()
+    free = (await capacities(session, [row.host_id], host_rows=[host]))[0].free(row.gpu_model)
+    if host.status != HostStatus.ready or len(free) < need:
+        return None
+    return row, free
 
 
 async def _lock_queued(session: AsyncSession, alloc_id: uuid.UUID) -> Any | None:
